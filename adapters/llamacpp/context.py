@@ -1,0 +1,128 @@
+"""Create llama.cpp contexts that can hold a draft tree, and read what an existing context can do.
+
+A tree batch tags each token with several sequence ids (one per leaf below it), so the context needs
+
+    setting        value                 why
+    kv_unified     True                  one cell pool shared by all sequences: a cell tagged with
+                                         several ids is one cell, seen by every one of them
+    n_seq_max      >= leaves + 1         seq 0 is the committed context, seq k + 1 is leaf k
+    n_batch        >= tree nodes         the whole tree goes into ONE llama_decode
+    logits         per token             the batch's `logits` flags ask for every node's row
+
+`llama_cpp.Llama` cannot set kv_unified or n_seq_max (only its embedding mode does), so a tree
+context is made here with the low-level API: from a GGUF path, or next to an existing `Llama`,
+sharing its loaded weights.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from draftcore.errors import BackendError, ConfigError
+
+
+def import_llama_cpp():
+    """The llama_cpp module, or a ConfigError saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError("the llama.cpp backend needs llama-cpp-python: pip install 'draftcore[llamacpp]'") from exc
+    return llama_cpp
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a context allows, read back from llama.cpp (not from what was asked for)."""
+
+    n_ctx: int       # cells in the KV cache
+    n_batch: int     # most tokens one llama_decode takes
+    n_seq_max: int   # sequence ids 0 .. n_seq_max - 1
+    unified: bool    # one cell pool for all sequences
+
+    @property
+    def max_leaves(self) -> int:
+        """Leaves a tree may have in tree mode (0: chains only)."""
+        return self.n_seq_max - 1 if self.unified and self.n_seq_max > 1 else 0
+
+
+def read_limits(lib, ctx) -> Limits:
+    n_ctx = int(lib.llama_n_ctx(ctx))
+    n_seq_max = int(lib.llama_n_seq_max(ctx))
+    # A split (non-unified) cache gives each sequence n_ctx / n_seq_max cells; unified gives all.
+    unified = n_seq_max == 1 or int(lib.llama_n_ctx_seq(ctx)) == n_ctx
+    return Limits(n_ctx=n_ctx, n_batch=int(lib.llama_n_batch(ctx)), n_seq_max=n_seq_max, unified=unified)
+
+
+def default_threads() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: int, n_threads=None,
+                        type_k=None, type_v=None, flash_attn=None, overrides=None):
+    """llama_context_params for a tree context: `base` (copied, e.g. an existing Llama's) or the
+    defaults, with the tree settings and any explicit overrides applied."""
+    params = lib.llama_context_default_params() if base is None else type(base).from_buffer_copy(base)
+    if n_ctx is not None:
+        params.n_ctx = n_ctx
+    if n_batch is not None:
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch  # one tree, one graph evaluation
+    if n_threads is not None:
+        params.n_threads = params.n_threads_batch = n_threads
+    if type_k is not None:
+        params.type_k = type_k
+    if type_v is not None:
+        params.type_v = type_v
+    if flash_attn is not None:
+        params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    params.n_seq_max = n_seq_max
+    params.kv_unified = True
+    params.embeddings = False
+    for name, value in (overrides or {}).items():
+        setattr(params, name, value)
+    return params
+
+
+def split_overrides(lib, kwargs: dict) -> tuple[dict, dict]:
+    """Sort extra keyword arguments into llama_model_params and llama_context_params fields."""
+    model_fields = {f[0] for f in lib.llama_model_params._fields_}
+    context_fields = {f[0] for f in lib.llama_context_params._fields_}
+    model_kw, context_kw = {}, {}
+    for name, value in kwargs.items():
+        if name in context_fields:
+            context_kw[name] = value
+        elif name in model_fields:
+            model_kw[name] = value
+        else:
+            raise ConfigError(f"{name}: not a field of llama_context_params or llama_model_params "
+                              f"(llama-cpp-python {lib.__version__})")
+    return model_kw, context_kw
+
+
+def load_model(lib, path, *, n_gpu_layers: int, overrides: dict):
+    """Load a GGUF model; returns the llama_model pointer (free with llama_model_free)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"path: no such GGUF file: {path}")
+    params = lib.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    for name, value in overrides.items():
+        setattr(params, name, value)
+    lib.llama_backend_init()
+    model = lib.llama_model_load_from_file(os.fsencode(path), params)
+    if not model:
+        raise BackendError(f"llama.cpp could not load the model file {path}")
+    return model
+
+
+def new_context(lib, model, params):
+    """A llama_context over `model` (free with llama_free)."""
+    ctx = lib.llama_init_from_model(model, params)
+    if not ctx:
+        raise BackendError(f"llama.cpp could not create a context (n_ctx={params.n_ctx}, "
+                           f"n_seq_max={params.n_seq_max}, n_batch={params.n_batch})")
+    return ctx

@@ -1,0 +1,328 @@
+"""`HFVerifier`: any transformers causal LM, as it is, behind draftcore's Verifier protocol.
+
+One tree forward::
+
+    cache (DynamicCache)   [ context: n_past positions | tree: n nodes ]
+    input_ids     int64[1, n]           tree.tokens
+    position_ids  int64[1, n]           n_past + tree.depths
+    attention_mask float[1, 1, n, n_past + n]   additive: 0 where seen, dtype-min where not
+                                                (see masks.py for why never a bool mask)
+
+then `commit(path)` keeps the context plus the path's KV (a slice when the path is the first k nodes,
+a gather of the tail otherwise) and drops the rest of the tree.
+
+The model is not patched, wrapped or copied: only its public forward is called, with a 4-D mask,
+explicit positions and a cache owned here. A model that ignores the 4-D mask would silently give
+wrong logits, so the constructor checks it on a small branching tree (selfcheck.py).
+"""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from draftcore.errors import BackendError, ConfigError, InputError, describe
+from draftcore.tree import DraftTree
+from draftcore.validate import positive_int, token_array
+
+from . import kv_cache
+from .masks import tree_attention_mask
+
+_WANTS = ("argmax", "logits")
+# Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
+_MASKLESS_ATTENTION = ("flash_attention_2", "flash_attention_3", "paged_attention")
+
+
+class HFVerifier:
+    """Verifier over a transformers causal LM (PyTorch, CUDA or CPU; fp32, fp16 or bf16).
+
+    model: a `*ForCausalLM` in eval mode, with attn_implementation "sdpa" or "eager" (the model's
+        device and dtype are used as they are; inputs and masks follow them).
+    max_context: the most tokens the cache may hold; default config.max_position_embeddings, capped
+        at the sliding window for models with sliding-window layers (the tree mask replaces the
+        model's own mask, so windows longer than the context never matter).
+    self_check: run one branching tree through the model at construction and compare with plain
+        forwards; raise BackendError if the model ignores the tree mask (see selfcheck.py).
+    tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
+    """
+
+    def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None):
+        config = getattr(model, "config", None)
+        if config is None or not callable(model):
+            raise ConfigError(f"model: expected a transformers causal LM (with .config), got {describe(model)}")
+        if getattr(model, "training", False):
+            # Dropout in training mode makes every forward random: nothing could be verified.
+            raise ConfigError(f"model: {type(model).__name__} is in training mode; call model.eval() first")
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        attn = getattr(config, "_attn_implementation", None)
+        if attn in _MASKLESS_ATTENTION:
+            raise ConfigError(
+                f"model: attn_implementation={attn!r} takes no arbitrary attention mask, so it cannot "
+                f"verify a draft tree; load the model with attn_implementation='sdpa' or 'eager'")
+
+        self._model = model
+        self._tokenizer = tokenizer
+        weight = _first_weight(model)
+        self._device = weight.device
+        self._dtype = getattr(model, "dtype", weight.dtype)   # the mask dtype must match the scores
+        self._vocab_size = positive_int("model.config.vocab_size", getattr(text_config, "vocab_size", None))
+        self._max_context = _max_context(text_config, max_context)
+        # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
+        self._prefill_kwargs = ({"logits_to_keep": 1}
+                                if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
+
+        self._cache = None          # DynamicCache once prefilled
+        self._n_past = 0            # committed tokens in the cache
+        self._tree = None           # last verified, not yet committed DraftTree (its KV follows n_past)
+
+        if self_check:
+            from .selfcheck import check_tree_attention
+            check_tree_attention(self)
+
+    # ---------------------------------------------------------------- protocol attributes
+
+    @property
+    def vocab_size(self) -> int:
+        """Logits per position (the model's output size, which may exceed the tokenizer's)."""
+        return self._vocab_size
+
+    @property
+    def n_past(self) -> int:
+        """Committed tokens whose KV is in the cache (prompt + accepted tokens, root excluded)."""
+        return self._n_past
+
+    @property
+    def max_context(self) -> int:
+        """The most positions the cache may hold: context plus one verified tree."""
+        return self._max_context
+
+    @property
+    def model(self):
+        """The wrapped model (as given)."""
+        return self._model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype (also the dtype of the additive tree mask)."""
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where inputs, masks and the KV cache live (the input embeddings' device)."""
+        return self._device
+
+    # ---------------------------------------------------------------- protocol methods
+
+    def prefill(self, prompt, want: str = "argmax"):
+        """Start a new sequence from `prompt` (int32[T], 1 <= T <= max_context), dropping any other.
+
+        Returns the last position's result: an int token id (argmax, taken on the model's device)
+        for want="argmax", float32[vocab_size] for want="logits". Afterwards n_past == T.
+        """
+        want = _check_want(want)
+        prompt = token_array("prompt", prompt, self._vocab_size)
+        if prompt.shape[0] > self._max_context:
+            raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
+        self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale one
+        cache = kv_cache.new_cache()
+        with torch.inference_mode():
+            ids = torch.from_numpy(prompt).to(self._device, torch.long)[None]
+            positions = torch.arange(prompt.shape[0], device=self._device)[None]
+            # No attention_mask: the model builds its own causal mask (sdpa: is_causal) for a prompt.
+            out = self._model(input_ids=ids, position_ids=positions, past_key_values=cache,
+                              use_cache=True, **self._prefill_kwargs)
+            last = _logits(out)[0, -1]
+            result = int(last.argmax()) if want == "argmax" else last.float().cpu().numpy()
+        self._expect_cache_length(cache, prompt.shape[0], "prefill")
+        self._cache, self._n_past = cache, int(prompt.shape[0])
+        return result
+
+    def verify(self, tree: DraftTree, want: str = "argmax") -> np.ndarray:
+        """One forward over every node of `tree` (positions n_past + depths, tree-masked).
+
+        tree: a DraftTree of n nodes; tokens[0] is the last accepted token (not yet in the cache).
+        Returns int32[n] (argmax per node, computed on the model's device; only n ints reach the
+        host) for want="argmax", float32[n, vocab_size] for want="logits". The tree's KV stays in
+        the cache until `commit`; verifying again before committing discards it first.
+        """
+        want = _check_want(want)
+        if self._cache is None:
+            raise InputError("tree: verify() was called before prefill(); prefill the prompt first")
+        _check_tree(tree, self._vocab_size)
+        n = len(tree)
+        if self._n_past + n > self._max_context:
+            raise InputError(f"tree: n_past ({self._n_past}) + {n} tree nodes = {self._n_past + n} "
+                             f"exceed max_context {self._max_context}")
+        self._drop_tree()
+        try:
+            with torch.inference_mode():
+                ids = torch.from_numpy(tree.tokens).to(self._device, torch.long)[None]
+                positions = torch.from_numpy(tree.position_ids(self._n_past)).to(self._device)[None]
+                mask = tree_attention_mask(tree.ancestor_mask(), self._n_past, self._dtype, self._device)
+                out = self._model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                  past_key_values=self._cache, use_cache=True)
+                logits = _logits(out)[0]  # [n, vocab] on the model's device
+                if want == "argmax":
+                    result = logits.argmax(-1).to(torch.int32).cpu().numpy()
+                else:
+                    result = logits.float().cpu().numpy()
+        except BaseException:
+            kv_cache.truncate(self._cache, self._n_past)  # a failed forward may have grown some layers
+            raise
+        self._expect_cache_length(self._cache, self._n_past + n, "verify")
+        self._tree = tree
+        return result
+
+    def commit(self, path) -> None:
+        """Append the KV of `path` to the context and drop every other node of the last tree.
+
+        path: int32[k], 1 <= k, node indices of the last verified tree, root first (path[0] == 0),
+        each the parent of the next. A path that is the first k nodes (a chain draft) is a slice;
+        any other is a gather of the tree's tail (kv_cache.keep_path). Afterwards n_past grows by k.
+        """
+        if self._tree is None:
+            raise InputError("path: commit() needs a verified tree; call verify() first "
+                             "(each verified tree can be committed once)")
+        path = _check_path(path, self._tree)
+        k = path.shape[0]
+        with torch.inference_mode():
+            if np.array_equal(path, np.arange(k)):
+                kv_cache.truncate(self._cache, self._n_past + k)
+            else:
+                rows = torch.from_numpy(path).to(self._device, torch.long)
+                kv_cache.keep_path(self._cache, self._n_past, rows)
+        self._n_past += k
+        self._tree = None
+
+    # ---------------------------------------------------------------- text and state
+
+    @property
+    def encode(self):
+        """encode(text: str) -> int32[T]; present only when a tokenizer was given (hasattr is False
+        otherwise, which is how `speculate` tells whether text prompts are accepted)."""
+        if self._tokenizer is None:
+            raise AttributeError("encode: this HFVerifier was built without a tokenizer")
+        return self._encode
+
+    @property
+    def decode(self):
+        """decode(ids: int32[k]) -> str; present only when a tokenizer was given."""
+        if self._tokenizer is None:
+            raise AttributeError("decode: this HFVerifier was built without a tokenizer")
+        return self._decode
+
+    def _encode(self, text: str) -> np.ndarray:
+        if not isinstance(text, str):
+            raise InputError(f"text: expected a str, got {describe(text)}")
+        return np.asarray(self._tokenizer.encode(text), dtype=np.int32)
+
+    def _decode(self, ids) -> str:
+        return self._tokenizer.decode(token_array("ids", ids, allow_empty=True).tolist())
+
+    def reset(self) -> None:
+        """Forget the sequence: empty cache, n_past 0, no pending tree."""
+        self._cache, self._n_past, self._tree = None, 0, None
+
+    def plain_logits(self, tokens) -> np.ndarray:
+        """float32[T, vocab_size]: a plain causal forward over `tokens` (int32[T]) with no cache
+        and no custom mask, the reference the tree forward must match. State is not touched."""
+        tokens = token_array("tokens", tokens, self._vocab_size)
+        with torch.inference_mode():
+            ids = torch.from_numpy(tokens).to(self._device, torch.long)[None]
+            positions = torch.arange(tokens.shape[0], device=self._device)[None]
+            out = self._model(input_ids=ids, position_ids=positions, use_cache=False)
+            return _logits(out)[0].float().cpu().numpy()
+
+    def _drop_tree(self) -> None:
+        if self._tree is not None:
+            kv_cache.truncate(self._cache, self._n_past)
+            self._tree = None
+
+    def _expect_cache_length(self, cache, expected: int, where: str) -> None:
+        got = kv_cache.cache_length(cache)
+        if got != expected:
+            self.reset()
+            raise BackendError(
+                f"{type(self._model).__name__}.forward: after {where} the KV cache holds {got} positions, "
+                f"expected {expected}; the model does not use the DynamicCache passed as past_key_values")
+
+    def __repr__(self) -> str:
+        return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
+                f"n_past={self._n_past}, max_context={self._max_context})")
+
+
+def _max_context(text_config, max_context) -> int:
+    """The explicit value, else max_position_embeddings (capped by a sliding window in use)."""
+    if max_context is not None:
+        return positive_int("max_context", max_context)
+    limit = getattr(text_config, "max_position_embeddings", None)
+    if limit is None:
+        raise ConfigError("max_context: the model config has no max_position_embeddings; pass max_context=")
+    window = getattr(text_config, "sliding_window", None)
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    if window and "sliding_attention" in layer_types:
+        limit = min(limit, window)
+    return positive_int("model.config.max_position_embeddings", limit)
+
+
+def _first_weight(model) -> torch.Tensor:
+    """The input embedding matrix (where input ids must go), else the model's first parameter."""
+    get = getattr(model, "get_input_embeddings", None)
+    embeddings = get() if callable(get) else None
+    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
+        return embeddings.weight
+    for param in model.parameters():
+        return param
+    raise ConfigError(f"model: {type(model).__name__} has no parameters")
+
+
+def _logits(out) -> torch.Tensor:
+    """[batch, q, vocab] logits from a model output (ModelOutput or tuple)."""
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def _check_want(want) -> str:
+    if want not in _WANTS:
+        raise ConfigError(f"want: expected 'argmax' or 'logits', got {describe(want)}")
+    return want
+
+
+def _check_tree(tree, vocab_size: int) -> None:
+    """Refuse anything but a well-formed DraftTree over in-vocabulary tokens (vectorised checks)."""
+    if not isinstance(tree, DraftTree):
+        raise InputError(f"tree: expected a draftcore.DraftTree, got {describe(tree)}")
+    token_array("tree.tokens", tree.tokens, vocab_size)
+    n = len(tree)
+    if tree.parents.shape != (n,) or tree.depths.shape != (n,):
+        raise InputError(f"tree: parents {tree.parents.shape} and depths {tree.depths.shape} "
+                         f"must have the shape of tokens ({n},)")
+    parents = tree.parents.astype(np.int64)
+    ok = parents[0] == -1 and tree.depths[0] == 0
+    if ok and n > 1:
+        p = parents[1:]
+        ok = bool(((p >= 0) & (p < np.arange(1, n))).all())
+        ok = ok and bool((tree.depths[1:] == tree.depths[p] + 1).all())
+    if not ok:
+        raise InputError(f"tree: malformed (expected parents[0] == -1, 0 <= parents[i] < i, "
+                         f"depths[i] == depths[parents[i]] + 1), got {tree!r}")
+
+
+def _check_path(path, tree: DraftTree) -> np.ndarray:
+    """int32[k] root-first parent chain of `tree`, or InputError naming what is wrong."""
+    arr = np.asarray(path)
+    if arr.ndim != 1 or arr.shape[0] == 0 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InputError(f"path: expected a non-empty 1-D int32 array of tree node indices, got {describe(path)}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    n = len(tree)
+    if arr.min() < 0 or arr.max() >= n:
+        raise InputError(f"path: node indices must lie in [0, {n}) for the last verified tree, got {arr.tolist()}")
+    if arr[0] != 0:
+        raise InputError(f"path: must start at the root (node 0), got {arr.tolist()}")
+    bad = np.flatnonzero(tree.parents[arr[1:]] != arr[:-1])
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise InputError(f"path: node {int(arr[i])} at path[{i}] is not a child of path[{i - 1}] = "
+                         f"{int(arr[i - 1])} (its parent is {int(tree.parents[arr[i]])}); "
+                         f"expected a root-first parent chain, got {arr.tolist()}")
+    return arr.astype(np.int32)

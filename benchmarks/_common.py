@@ -1,0 +1,28 @@
+"""Helpers shared by the benchmark scripts."""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED_TRACES = os.path.join(ROOT, "..", "shared", "data", "traces_smollm2_greedy.jsonl")
+OUT_DIR = os.path.join(ROOT, "bench_out")
+
+
+def write_json(name: str, payload) -> str:
+    os.makedirs(OUT_DIR, exist_ok=True)
+    path = os.path.join(OUT_DIR, name)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    return path
+
+
+def markdown_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def tests_path():
+    """Make tests/naive.py importable (the slow references live with the tests)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))

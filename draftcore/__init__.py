@@ -1,0 +1,22 @@
+"""draftcore: lossless speculative decoding for existing LLM deployments.
+
+    import draftcore
+    result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=128)
+
+The core imports numpy and numba only; backends live in draftcore.adapters.<backend> and import
+their framework when they are imported themselves.
+"""
+from .drafters.trie import TrieDrafter
+from .errors import BackendError, ConfigError, DraftcoreError, InputError
+from .protocols import Drafter, Verifier
+from .result import SpeculateResult, SpeculateStats
+from .speculate import SpeculationStream, speculate, speculate_stream
+from .tree import DraftTree
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "speculate", "speculate_stream", "SpeculationStream", "SpeculateResult", "SpeculateStats",
+    "DraftTree", "Verifier", "Drafter", "TrieDrafter",
+    "DraftcoreError", "ConfigError", "InputError", "BackendError",
+]

@@ -1,0 +1,4 @@
+"""Drafters: sources of draft trees (see draftcore.protocols.Drafter)."""
+from .trie import TrieDrafter
+
+__all__ = ["TrieDrafter"]

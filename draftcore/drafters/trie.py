@@ -1,0 +1,288 @@
+"""The trie drafter (seed 000, "Lookahead", §4.2–4.3): a thin class over the kernels in trie_kernels.
+
+One trie lives across requests: output branches persist (and decay when the pool is full), each
+request's prompt branches are removed when it finishes. Save it with `save`, restore with `load`.
+
+    parameter          default   meaning
+    capacity           262144    nodes in the pool (28 bytes each); must exceed 2 * branch_length
+    branch_length      24        tokens per inserted branch (L_b; the paper uses 12)
+    max_match          8         longest context suffix matched at retrieval
+    prompt_weight      16.0      factor on the current prompt's counts (branch weighting)
+    recent_weight      16.0      extra factor on the current request's output counts (0: the paper)
+    min_stage_nodes    8         paper mode: a stage offering fewer nodes falls to a shorter suffix
+    fill               True      shorter suffixes keep filling the budget (merged, deduplicated)
+    use_top            True      a last stage drafts the most frequent tokens when nothing else fits
+    layout             "hierarchical" | "parallel" | "single" (seed 000 Fig. 2–3)
+    token_limit        262144    token ids must be below this (size of the root index)
+    insert_prompt, insert_output, eliminate_prompt: the paper's ablations (Table 3), all True
+
+Defaults were tuned by replaying real SmolLM2 traces (benchmarks/replay_table.py); the paper's
+exact configuration is `TrieDrafter.paper()`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..tree import DraftTree
+from ..validate import positive_float, positive_int, token_array
+from . import trie_kernels as K
+
+LAYOUTS = ("hierarchical", "parallel", "single")
+_SAVE_FORMAT = 1
+_STATE_NAMES = ("links", "freq", "free", "root", "meta")
+
+
+class TrieDrafter:
+    """Drafts hierarchical multi-branch trees from a trie of the n-grams seen so far."""
+
+    returns_valid_trees = True  # its trees are built valid by construction: speculate skips the check
+
+    def __init__(self, *, capacity: int = 1 << 18, branch_length: int = 24, max_match: int = 8,
+                 prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
+                 use_top: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
+                 insert_prompt: bool = True, insert_output: bool = True, eliminate_prompt: bool = True):
+        self.branch_length = positive_int("branch_length", branch_length, minimum=2)
+        self.capacity = positive_int("capacity", capacity)
+        if self.capacity <= 2 * self.branch_length:
+            raise ConfigError(f"capacity: expected more than 2 * branch_length = {2 * self.branch_length} "
+                              f"nodes (one token may create branch_length nodes), got {capacity}")
+        self.max_match = positive_int("max_match", max_match)
+        self.prompt_weight = positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True)
+        self.recent_weight = positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True)
+        self.min_stage_nodes = positive_int("min_stage_nodes", min_stage_nodes)
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        self.fill = bool(fill)
+        self.use_top = bool(use_top)
+        self.token_limit = positive_int("token_limit", token_limit)
+        self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
+        self.eliminate_prompt = bool(eliminate_prompt)
+        self._state = K.new_state(self.capacity, self.branch_length, self.token_limit)
+        self._stream = np.zeros(0, np.int32)
+        self._n_stream = self._n_prompt = self._n_counted = 0
+        self._out = np.empty((5, 65), np.int32)
+        self._scores = np.empty(65, np.float32)
+        self._active = False
+        self._cand_scores = np.empty(K.CANDIDATES, np.float32)
+        self._cand_items = np.empty((K.CANDIDATES, 3), np.int32)
+        _warm_up_kernels()
+
+    @classmethod
+    def paper(cls, **options) -> "TrieDrafter":
+        """The configuration of seed 000: branch length 12, one retrieval stage, prompt branches
+        weighted, output branches not boosted, no stage 0."""
+        config = dict(branch_length=12, fill=False, use_top=False, recent_weight=0.0, prompt_weight=16.0)
+        config.update(options)
+        return cls(**config)
+
+    # -- Drafter protocol -------------------------------------------------------------------------
+    def start(self, prompt) -> None:
+        """Insert the prompt's branches (every start position) as PROMPT counts."""
+        prompt = token_array("prompt", prompt, vocab_size=self.token_limit)
+        if self._active:
+            self.finish()
+        self._stream = np.empty(max(64, 2 * prompt.shape[0]), np.int32)
+        self._stream[:prompt.shape[0]] = prompt
+        self._n_stream = self._n_prompt = prompt.shape[0]
+        self._n_counted = 0 if self.insert_prompt else self._n_prompt
+        self._front()[:] = -1
+        self._active = True
+        self._count_pending()
+
+    def update(self, tokens) -> None:
+        """Append accepted tokens; their branches are counted at the next propose (one kernel call
+        per step) or whenever the trie is read."""
+        tokens = token_array("tokens", tokens, vocab_size=self.token_limit, allow_empty=True)
+        if not self._active:
+            raise InputError("tokens: update() called before start(prompt)")
+        begin = self._n_stream
+        end = begin + tokens.shape[0]
+        if end > self._stream.shape[0]:
+            grown = np.empty(max(2 * self._stream.shape[0], end), np.int32)
+            grown[:begin] = self._stream[:begin]
+            self._stream = grown
+        self._stream[begin:end] = tokens
+        self._n_stream = end
+        if not self.insert_output:
+            self._n_counted = end
+
+    def propose(self, context, budget: int) -> DraftTree:
+        """Best-first draft tree of at most `budget` nodes continuing `context` (root = context[-1]).
+
+        The tree's arrays view this drafter's buffers: they stay valid until the next propose.
+        """
+        budget = int(budget)
+        if budget + 1 > self._out.shape[1]:
+            self._out = np.empty((5, budget + 1), np.int32)
+            self._scores = np.empty(budget + 1, np.float32)
+        mode = K.MODE_SINGLE if self.layout == "single" else K.MODE_HIERARCHICAL
+        links, freq, free, root, meta, front, top, top_w = self._state
+        if self._active and self._is_stream(context):
+            n = K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
+                       self._n_stream, self._n_prompt, self._cand_scores, self._cand_items, self._out,
+                       self._scores, self.max_match, budget, self.prompt_weight, self.recent_weight, self.min_stage_nodes,
+                       self.fill, self.use_top, mode)
+            self._n_counted = self._n_stream
+        else:
+            self._count_pending()
+            context = token_array("context", context)
+            n = K.retrieve(links, freq, root, front, top, top_w, self._cand_scores, self._cand_items,
+                           self._out, self._scores, context, self.max_match, budget, self.prompt_weight, self.recent_weight,
+                           self.min_stage_nodes, self.fill, self.use_top, mode)
+        out, scores = self._out, self._scores
+        if self.layout == "parallel":
+            return DraftTree(*_unmerge(out[0, :n], out[1, :n], out[2, :n], scores[:n], budget))
+        return DraftTree(out[0, :n], out[1, :n], out[2, :n], scores[:n])
+
+    def finish(self) -> None:
+        """Branch eliminating: drop this request's prompt counts; output counts persist."""
+        if not self._active:
+            return
+        self._count_pending()
+        links, freq, free, root, meta, _, top, top_w = self._state
+        K.end_request(links, freq, free, root, meta, top, top_w, self._stream, self._n_stream,
+                      self._n_prompt if self.insert_prompt else 0, self.branch_length,
+                      not self.eliminate_prompt, self.prompt_weight, self.recent_weight)
+        self._active = False
+        self._n_stream = self._n_prompt = self._n_counted = 0
+
+    # -- beyond the protocol ----------------------------------------------------------------------
+    def warm_up(self, sequences) -> None:
+        """Insert a corpus of token sequences (e.g. past outputs) as persistent OUTPUT branches."""
+        if self._active:
+            raise InputError("sequences: warm_up() called during a request; call finish() first")
+        for i, seq in enumerate(sequences):
+            seq = token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
+            front = np.full(self.branch_length, -1, np.int32)
+            links, freq, free, root, meta, _, top, top_w = self._state
+            K.extend(links, freq, free, root, meta, front, top, top_w, seq, 0, seq.shape[0], 0, self.prompt_weight, self.recent_weight)
+            K.end_request(links, freq, free, root, meta, top, top_w, seq, seq.shape[0], 0,
+                          self.branch_length, False, self.prompt_weight, self.recent_weight)
+
+    @property
+    def n_nodes(self) -> int:
+        """Live nodes in the pool (never more than capacity)."""
+        self._count_pending()
+        return self.capacity - int(self._state[4][K.N_FREE])
+
+    def check_integrity(self) -> None:
+        """Raise InputError if the pool's links, free list or counts are inconsistent (for tests)."""
+        self._count_pending()
+        links, freq, free, root, meta = self._state[:5]
+        code, node = K.find_corruption(links, freq, free, root, meta)
+        if code:
+            raise InputError(f"trie: corrupt node pool (check {code}) at node {node}; see find_corruption")
+
+    def save(self, path) -> None:
+        """Write the trie (not a request in progress) to `path` as plain arrays (.npz, no pickle)."""
+        if self._active:
+            raise InputError(f"path: cannot save {path!r} during a request; call finish() first")
+        config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
+        np.savez(path, config=config, **dict(zip(_STATE_NAMES, self._state[:5])))
+
+    @classmethod
+    def load(cls, path, **options) -> "TrieDrafter":
+        """Read a trie written by `save`, validating every array; `options` as for the constructor
+        (capacity, branch_length and token_limit come from the file)."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {name: data[name] for name in ("config",) + _STATE_NAMES}
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"path: {path!r} is not a saved TrieDrafter (.npz with config, "
+                             f"{', '.join(_STATE_NAMES)}): {exc}") from exc
+        config = arrays["config"]
+        if config.shape != (4,) or config.dtype != np.int64 or config[0] != _SAVE_FORMAT:
+            raise InputError(f"path: {path!r} has config {config!r}; expected int64[4] starting with format {_SAVE_FORMAT}")
+        capacity, branch_length, token_limit = (int(v) for v in config[1:])
+        drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
+        fresh = drafter._state
+        for name, expected in zip(_STATE_NAMES, fresh[:5]):
+            got = arrays[name]
+            if got.shape != expected.shape or got.dtype != expected.dtype:
+                raise InputError(f"path: {path!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
+                                 f"expected shape {expected.shape} dtype {expected.dtype}")
+        links, freq, free, root, meta = (np.ascontiguousarray(arrays[n]) for n in _STATE_NAMES)
+        code, node = K.find_corruption(links, freq, free, root, meta)
+        if code:
+            raise InputError(f"path: {path!r} holds a corrupt trie (check {code} fails at node {node})")
+        if freq[:, K.RECENT].any():
+            raise InputError(f"path: {path!r} was saved during a request (RECENT counts are not zero)")
+        _, _, _, _, _, front, top, top_w = fresh
+        drafter._state = (links, freq, free, root, meta, front, top, top_w)
+        K.refresh_top(links, freq, meta, top, top_w, drafter.prompt_weight, drafter.recent_weight)
+        return drafter
+
+    # -- internals --------------------------------------------------------------------------------
+    def _front(self) -> np.ndarray:
+        return self._state[5]
+
+    def _count_pending(self) -> None:
+        """Count the branches of tokens appended since the last count."""
+        if self._n_counted < self._n_stream:
+            links, freq, free, root, meta, front, top, top_w = self._state
+            K.extend(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
+                     self._n_stream, self._n_prompt, self.prompt_weight, self.recent_weight)
+            self._n_counted = self._n_stream
+
+    def _is_stream(self, context) -> bool:
+        """True when `context` is this request's stream (what speculate passes): same length and
+        the same last max_match + 1 tokens, which are all that retrieval reads."""
+        n = self._n_stream
+        if not isinstance(context, np.ndarray) or context.shape != (n,) or context.dtype != np.int32:
+            return False
+        k = min(n, self.max_match + 1)
+        return bool(np.array_equal(context[n - k:], self._stream[n - k:n]))
+
+
+def _unmerge(tokens, parents, depths, scores, budget):
+    """Parallel layout: lay the best branches (root-to-leaf paths of the merged tree, best leaf
+    first) side by side under the root, shared prefixes repeated, until `budget` nodes are used."""
+    n = tokens.shape[0]
+    is_leaf = np.ones(n, bool)
+    is_leaf[parents[1:]] = False
+    is_leaf[0] = False
+    leaves = np.flatnonzero(is_leaf)
+    leaves = leaves[np.argsort(-scores[leaves], kind="stable")]
+    out_t, out_p, out_d, out_s = [tokens[0]], [-1], [0], [1.0]
+    for leaf in leaves:
+        path = []
+        node = leaf
+        while node > 0:
+            path.append(node)
+            node = parents[node]
+        parent = 0
+        for node in reversed(path):
+            if len(out_t) > budget:
+                break
+            out_t.append(tokens[node]), out_p.append(parent), out_d.append(depths[node]), out_s.append(scores[node])
+            parent = len(out_t) - 1
+    return (np.array(out_t, np.int32), np.array(out_p, np.int32), np.array(out_d, np.int32),
+            np.array(out_s, np.float32))
+
+
+_WARM = False
+
+
+def _warm_up_kernels() -> None:
+    """Compile (or load from numba's cache) every kernel once, on a throwaway pool."""
+    global _WARM
+    if _WARM:
+        return
+    links, freq, free, root, meta, front, top, top_w = K.new_state(64, 4, 16)
+    stream = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
+    cs, ci = np.empty(16, np.float32), np.empty((16, 3), np.int32)
+    out, scores = np.empty((5, 9), np.int32), np.empty(9, np.float32)
+    K.extend(links, freq, free, root, meta, front, top, top_w, stream, 0, 5, 4, 2.0, 2.0)
+    for fill in (True, False):
+        K.retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:5], 3, 8, 2.0, 2.0, 2,
+                   fill, True, K.MODE_HIERARCHICAL)
+        K.step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, cs, ci, out, scores,
+               3, 8, 2.0, 2.0, 2, fill, True, K.MODE_SINGLE)
+    K.make_room(links, freq, free, root, meta, 60)
+    K.end_request(links, freq, free, root, meta, top, top_w, stream, stream.shape[0], 4, 4, False, 2.0, 2.0)
+    K.find_corruption(links, freq, free, root, meta)
+    from ..acceptance import greedy_accept
+    greedy_accept(stream[:3], np.array([-1, 0, 1], np.int32), stream[:3])
+    _WARM = True

@@ -1,0 +1,537 @@
+"""Numba kernels of the trie drafter (seed 000, §4.3): a node pool of flat arrays plus a free list.
+
+State (built by `new_state`, a tuple so numba sees plain arrays; no jitclass, no dicts of dicts):
+
+    links   int32[capacity, 4]   TOKEN, PARENT, CHILD (first child), SIBLING (next sibling);
+                                 PARENT == ROOT (-1) for a child of the (virtual) root,
+                                 PARENT == FREE (-2) for a node on the free list
+    freq    float32[capacity, 3] PROMPT, OUTPUT, RECENT branch counts (below)
+    free    int32[capacity]      stack of free node ids; meta[N_FREE] of them are valid
+    root    int32[token_limit]   token -> child of the root holding it, or -1 (O(1) first step)
+    meta    int64[8]             N_FREE, ROOT_FIRST (head of the root's child list), N_PRUNES
+    front   int32[branch_length] front[k] = node of the n-gram stream[p-k .. p] after token p
+    top     int32[TOP_K, 2]      (node, token) of the root's heaviest children, best first (-1: none)
+    top_w   float32[TOP_K + 1]   their weights; top_w[TOP_K] is the total weight of the root's children
+                                 (exact at all times: kept up to date as counts grow, recomputed
+                                 after anything that lowers counts)
+
+Counting. Every start position s of a request's stream (prompt + output) opens a branch of at most
+`branch_length` tokens: a PROMPT branch when s lies in the prompt, an OUTPUT branch otherwise. A
+node's count of a kind is the number of branches of that kind through it, so (until a decay) a
+parent counts at least as much as each child. Branches grow on the fly: when token p arrives, the
+node of stream[s..p] gains one count for each s in (p - branch_length, p]; the node of
+stream[s..p-1] is front[p-1-s], so a token costs branch_length child look-ups, not branch_length².
+RECENT repeats the OUTPUT counts of the request in progress (RECENT <= OUTPUT), so the request's
+own text — prompt and output — can be weighted above the history of earlier requests:
+    weight w = prompt_weight, recent_weight * (PROMPT + RECENT) + OUTPUT
+At the end of a request its PROMPT counts are removed (branch eliminating) and RECENT is zeroed;
+OUTPUT counts persist across requests.
+
+Capacity. A token creates at most branch_length nodes. Before each token, if fewer are free, OUTPUT
+and RECENT are halved and every node whose PROMPT + OUTPUT falls below 1 is freed with its subtree
+(node pruning), repeated until an eighth of the pool is free or nothing more can be freed (only
+live prompt branches remain); then a node that cannot be allocated is simply not created.
+
+Retrieval (multi-stage). Stages run from the longest context suffix (at most max_match tokens) to
+the shortest, then stage 0, the empty suffix (the root's heaviest children, `top`). A stage matched
+at node u offers u's sub-trie best-first, a node v scored w(v) / w(u) (an estimate that the whole
+path is accepted). Without `fill` (the paper) the first stage that offers at least min_stage_nodes
+nodes is used alone (if none does, the longest that offers any). With `fill`, stages accumulate
+until the budget is spent, later stages only adding continuations the earlier ones lack (merged
+where their token paths coincide). Candidates are ordered by (score desc, draft parent asc, token
+asc), so results are deterministic and match tests/naive.py exactly.
+"""
+import numba as nb
+import numpy as np
+
+TOKEN, PARENT, CHILD, SIBLING = 0, 1, 2, 3
+PROMPT, OUTPUT, RECENT = 0, 1, 2
+N_FREE, ROOT_FIRST, N_PRUNES = 0, 1, 2
+ROOT, FREE = -1, -2
+MODE_HIERARCHICAL, MODE_SINGLE = 0, 1
+TOP_K = 64             # stage-0 candidates kept
+CANDIDATES = 1 << 12   # candidate list workspace; the list never holds more than budget + 1
+
+
+def new_state(capacity: int, branch_length: int, token_limit: int):
+    links = np.full((capacity, 4), -1, np.int32)
+    links[:, PARENT] = FREE
+    freq = np.zeros((capacity, 3), np.float32)
+    free = np.arange(capacity - 1, -1, -1, dtype=np.int32)  # pop order 0, 1, 2, ...
+    root = np.full(token_limit, -1, np.int32)
+    meta = np.zeros(8, np.int64)
+    meta[N_FREE] = capacity
+    meta[ROOT_FIRST] = -1
+    front = np.full(branch_length, -1, np.int32)
+    top = np.full((TOP_K, 2), -1, np.int32)
+    top_w = np.zeros(TOP_K + 1, np.float32)
+    return links, freq, free, root, meta, front, top, top_w
+
+
+# -- the pool ------------------------------------------------------------------------------------
+
+@nb.njit(cache=True, inline="always")
+def _child(links, root, parent, token):
+    if parent == ROOT:
+        return root[token] if 0 <= token < root.shape[0] else -1
+    c = links[parent, CHILD]
+    while c >= 0:
+        if links[c, TOKEN] == token:
+            return c
+        c = links[c, SIBLING]
+    return -1
+
+
+@nb.njit(cache=True)
+def _add_child(links, freq, free, root, meta, parent, token):
+    """Allocate a node for `token` under `parent` (ROOT allowed); -1 when the pool is exhausted."""
+    if meta[N_FREE] == 0:
+        return -1
+    meta[N_FREE] -= 1
+    node = free[meta[N_FREE]]
+    links[node, TOKEN] = token
+    links[node, PARENT] = parent
+    links[node, CHILD] = -1
+    freq[node, :] = 0.0
+    if parent == ROOT:
+        links[node, SIBLING] = meta[ROOT_FIRST]
+        meta[ROOT_FIRST] = node
+        root[token] = node
+    else:
+        links[node, SIBLING] = links[parent, CHILD]
+        links[parent, CHILD] = node
+    return node
+
+
+@nb.njit(cache=True)
+def _free_subtree(links, freq, free, root, meta, top_node):
+    """Return `top_node` and everything below it to the free list (it must be unlinked already)."""
+    stack = [top_node]
+    while len(stack) > 0:
+        node = stack.pop()
+        c = links[node, CHILD]
+        while c >= 0:
+            stack.append(c)
+            c = links[c, SIBLING]
+        if links[node, PARENT] == ROOT:
+            root[links[node, TOKEN]] = -1
+        links[node, PARENT] = FREE
+        links[node, CHILD] = -1
+        links[node, SIBLING] = -1
+        freq[node, :] = 0.0
+        free[meta[N_FREE]] = node
+        meta[N_FREE] += 1
+
+
+@nb.njit(cache=True)
+def _sweep_children(links, freq, free, root, meta, first):
+    """Free every node of the child list starting at `first` whose PROMPT + OUTPUT is below 1
+    (with its subtree), relink the survivors and return the new head of the list."""
+    head = -1
+    prev = -1
+    c = first
+    while c >= 0:
+        nxt = links[c, SIBLING]
+        if freq[c, PROMPT] + freq[c, OUTPUT] < 1.0:
+            links[c, SIBLING] = -1
+            _free_subtree(links, freq, free, root, meta, c)
+        else:
+            if prev < 0:
+                head = c
+            else:
+                links[prev, SIBLING] = c
+            prev = c
+        c = nxt
+    if prev >= 0:
+        links[prev, SIBLING] = -1
+    return head
+
+
+@nb.njit(cache=True)
+def prune_pass(links, freq, free, root, meta):
+    """Free every node whose PROMPT + OUTPUT is below 1, with its subtree; return how many."""
+    before = meta[N_FREE]
+    meta[ROOT_FIRST] = _sweep_children(links, freq, free, root, meta, meta[ROOT_FIRST])
+    stack = []
+    c = meta[ROOT_FIRST]
+    while c >= 0:
+        stack.append(c)
+        c = links[c, SIBLING]
+    while len(stack) > 0:
+        node = stack.pop()
+        links[node, CHILD] = _sweep_children(links, freq, free, root, meta, links[node, CHILD])
+        c = links[node, CHILD]
+        while c >= 0:
+            stack.append(c)
+            c = links[c, SIBLING]
+    meta[N_PRUNES] += 1
+    return meta[N_FREE] - before
+
+
+@nb.njit(cache=True)
+def make_room(links, freq, free, root, meta, target):
+    """Halve OUTPUT and RECENT and prune until `target` nodes are free or nothing more can be freed."""
+    capacity = links.shape[0]
+    for _ in range(64):
+        if meta[N_FREE] >= target:
+            return
+        largest_output = 0.0
+        for i in range(capacity):
+            if links[i, PARENT] != FREE:
+                freq[i, OUTPUT] *= 0.5
+                freq[i, RECENT] *= 0.5
+                largest_output = max(largest_output, freq[i, OUTPUT])
+        freed = prune_pass(links, freq, free, root, meta)
+        if freed == 0 and largest_output < 1.0:
+            return  # only prompt branches of the live request are left
+
+
+# -- counting ------------------------------------------------------------------------------------
+
+@nb.njit(cache=True)
+def _refresh_front(links, root, front, stream, n_stream):
+    """Recompute front[k] = node of stream[n_stream-1-k .. n_stream-1] (after a prune)."""
+    for k in range(front.shape[0]):
+        front[k] = -1
+        s = n_stream - 1 - k
+        if s < 0:
+            continue
+        node = ROOT
+        for q in range(s, n_stream):
+            node = _child(links, root, node, stream[q])
+            if node < 0:
+                break
+        front[k] = node
+
+
+@nb.njit(cache=True)
+def extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, prompt_weight, recent_weight):
+    """Count the branches that tokens stream[begin:end] extend (module docstring, "Counting").
+
+    `front` must describe stream[:begin] (all -1 when begin == 0).
+    """
+    capacity = links.shape[0]
+    branch_length = front.shape[0]
+    pruned = False
+    for p in range(begin, end):
+        if meta[N_FREE] < branch_length:
+            make_room(links, freq, free, root, meta, max(branch_length, capacity // 8))
+            _refresh_front(links, root, front, stream, p)
+            pruned = True
+        token = stream[p]
+        # From the longest branch down, so front[k-1] is read before it is overwritten.
+        for k in range(min(branch_length - 1, p), -1, -1):
+            parent = ROOT if k == 0 else front[k - 1]
+            node = -1
+            if k == 0 or parent >= 0:
+                node = _child(links, root, parent, token)
+                if node < 0:
+                    node = _add_child(links, freq, free, root, meta, parent, token)
+            if node >= 0:
+                if p - k < n_prompt:
+                    freq[node, PROMPT] += 1.0
+                    added = prompt_weight
+                else:
+                    freq[node, OUTPUT] += 1.0
+                    freq[node, RECENT] += 1.0
+                    added = 1.0 + recent_weight
+                if k == 0:
+                    top_w[TOP_K] += added
+                    _raise_in_top(top, top_w, node, token, _weight(freq, node, prompt_weight, recent_weight))
+            front[k] = node
+    if pruned:
+        refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight)
+
+
+@nb.njit(cache=True)
+def end_request(links, freq, free, root, meta, top, top_w, stream, n_stream, n_prompt, branch_length,
+                keep_prompt, prompt_weight, recent_weight):
+    """Branch eliminating: walk every branch of the request, remove its PROMPT counts (with
+    `keep_prompt` they become OUTPUT counts instead) and zero RECENT; then free what fell below 1."""
+    for s in range(n_stream):
+        node = ROOT
+        for q in range(s, min(s + branch_length, n_stream)):
+            node = _child(links, root, node, stream[q])
+            if node < 0:
+                break
+            if s < n_prompt:
+                freq[node, PROMPT] = max(freq[node, PROMPT] - 1.0, 0.0)
+                if keep_prompt:
+                    freq[node, OUTPUT] += 1.0
+            freq[node, RECENT] = 0.0
+    prune_pass(links, freq, free, root, meta)
+    refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight)
+
+
+# -- retrieval -----------------------------------------------------------------------------------
+
+@nb.njit(cache=True, inline="always")
+def _weight(freq, node, prompt_weight, recent_weight):
+    return prompt_weight * freq[node, PROMPT] + recent_weight * freq[node, RECENT] + freq[node, OUTPUT]
+
+
+@nb.njit(cache=True, inline="always")
+def _better(s1, p1, t1, s2, p2, t2):
+    """Candidate order: higher score first, then smaller draft parent, then smaller token."""
+    if s1 != s2:
+        return s1 > s2
+    if p1 != p2:
+        return p1 < p2
+    return t1 < t2
+
+
+@nb.njit(cache=True)
+def _offer(cs, ci, size, room, score, node, draft_parent, token):
+    """Offer a candidate to the list cs/ci[:size], sorted worst first (the best is popped from the
+    end in O(1)). At most `room` more nodes can be drafted, so once the list holds `room`
+    candidates a newcomer worse than all of them can never be chosen and is not kept; a better
+    newcomer replaces the worst. ci rows are (trie node, draft parent, token). Returns the size."""
+    if size >= room or size >= cs.shape[0]:
+        if size == 0 or not _better(score, draft_parent, token, cs[0], ci[0, 1], ci[0, 2]):
+            return size
+        i = 0  # drop the worst: shift the entries below the newcomer's place down by one
+        while i + 1 < size and _better(score, draft_parent, token, cs[i + 1], ci[i + 1, 1], ci[i + 1, 2]):
+            cs[i] = cs[i + 1]
+            ci[i, 0], ci[i, 1], ci[i, 2] = ci[i + 1, 0], ci[i + 1, 1], ci[i + 1, 2]
+            i += 1
+    else:
+        i = size  # insert: shift the entries better than the newcomer up by one
+        while i > 0 and _better(cs[i - 1], ci[i - 1, 1], ci[i - 1, 2], score, draft_parent, token):
+            cs[i] = cs[i - 1]
+            ci[i, 0], ci[i, 1], ci[i, 2] = ci[i - 1, 0], ci[i - 1, 1], ci[i - 1, 2]
+            i -= 1
+        size += 1
+    cs[i] = score
+    ci[i, 0], ci[i, 1], ci[i, 2] = node, draft_parent, token
+    return size
+
+
+@nb.njit(cache=True)
+def refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight):
+    """Recompute `top` from scratch: the root's TOP_K heaviest children and the root's total."""
+    cs = np.empty(TOP_K, np.float32)
+    ci = np.empty((TOP_K, 3), np.int32)
+    size = 0
+    total = 0.0
+    c = meta[ROOT_FIRST]
+    while c >= 0:
+        w = _weight(freq, c, prompt_weight, recent_weight)
+        total += w
+        size = _offer(cs, ci, size, TOP_K, w, c, 0, links[c, TOKEN])
+        c = links[c, SIBLING]
+    for i in range(TOP_K):
+        j = size - 1 - i  # best first
+        if j >= 0:
+            top[i, 0], top[i, 1], top_w[i] = ci[j, 0], ci[j, 2], cs[j]
+        else:
+            top[i, 0], top[i, 1], top_w[i] = -1, -1, 0.0
+    top_w[TOP_K] = total
+
+
+@nb.njit(cache=True)
+def _raise_in_top(top, top_w, node, token, weight):
+    """A root child's weight grew to `weight`: move it up in `top`, or in if it now beats the last."""
+    i = 0
+    while i < TOP_K and top[i, 0] != node and top[i, 0] >= 0:
+        i += 1
+    if i == TOP_K:  # not in a full list: enter in place of the last if better
+        i = TOP_K - 1
+        if not _better(weight, 0, token, top_w[i], 0, top[i, 1]):
+            return
+    top[i, 0], top[i, 1], top_w[i] = node, token, weight
+    while i > 0 and _better(top_w[i], 0, top[i, 1], top_w[i - 1], 0, top[i - 1, 1]):
+        top[i, 0], top[i - 1, 0] = top[i - 1, 0], top[i, 0]
+        top[i, 1], top[i - 1, 1] = top[i - 1, 1], top[i, 1]
+        top_w[i], top_w[i - 1] = top_w[i - 1], top_w[i]
+        i -= 1
+
+
+@nb.njit(cache=True)
+def _match(links, root, front, context, n_context, m):
+    """Node of the last m context tokens, or -1. front[m-1] usually is that node already (the
+    context is the stream `extend` has seen); checking it costs m parent hops, no sibling scans."""
+    if m <= front.shape[0]:
+        node = front[m - 1]
+        q = n_context - 1
+        while node >= 0 and q >= n_context - m and links[node, TOKEN] == context[q]:
+            node = links[node, PARENT]
+            q -= 1
+        if q == n_context - m - 1 and node == ROOT:
+            return front[m - 1]
+    node = ROOT
+    for q in range(n_context - m, n_context):
+        node = _child(links, root, node, context[q])
+        if node < 0:
+            return -1
+    return node
+
+
+@nb.njit(cache=True)
+def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, size):
+    """Take candidates best-first from the list cs/ci[:size] into the draft (out rows: tokens,
+    parents, depths, first child, next sibling; n_out nodes so far), offering each taken node's
+    children in turn; a candidate whose (draft parent, token) exists already merges into that
+    node. A child's score is its parent's times w(child) / w(parent). Returns the new n_out."""
+    tokens, parents, depths, first, sibling = out[0], out[1], out[2], out[3], out[4]
+    while size > 0 and n_out <= budget:
+        size -= 1  # take the best candidate
+        score, node, dparent, token = cs[size], ci[size, 0], ci[size, 1], ci[size, 2]
+        if score <= 0.0:
+            continue
+        d = first[dparent]
+        while d >= 0 and tokens[d] != token:
+            d = sibling[d]
+        if d < 0:
+            d = n_out
+            tokens[d], parents[d], depths[d], scores[d] = token, dparent, depths[dparent] + 1, score
+            first[d] = -1
+            sibling[d] = first[dparent]
+            first[dparent] = d
+            n_out += 1
+        if mode == MODE_SINGLE:
+            size = 0  # one branch: only children of the node just taken compete next
+        w_node = _weight(freq, node, prompt_weight, recent_weight)
+        if w_node <= 0.0:
+            continue
+        c = links[node, CHILD]
+        while c >= 0:
+            size = _offer(cs, ci, size, budget + 1 - n_out, score * (_weight(freq, c, prompt_weight, recent_weight) / w_node),
+                          c, d, links[c, TOKEN])
+            c = links[c, SIBLING]
+    return n_out
+
+
+@nb.njit(cache=True)
+def _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci):
+    """Offer one stage's first candidates (children of `matched`, or `top` for stage 0 when
+    matched == ROOT) and select from them; returns the new n_out."""
+    size = 0
+    room = budget + 1 - n_out
+    if matched == ROOT:
+        total = top_w[TOP_K]
+        for i in range(TOP_K):
+            node, token = top[i, 0], top[i, 1]
+            if node >= 0 and total > 0.0:
+                size = _offer(cs, ci, size, room, top_w[i] / total, node, 0, token)
+    else:
+        w_matched = _weight(freq, matched, prompt_weight, recent_weight)
+        if w_matched <= 0.0:
+            return n_out
+        c = links[matched, CHILD]
+        while c >= 0:
+            size = _offer(cs, ci, size, room, _weight(freq, c, prompt_weight, recent_weight) / w_matched, c, 0, links[c, TOKEN])
+            c = links[c, SIBLING]
+    return _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, size)
+
+
+@nb.njit(cache=True)
+def retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, context, max_match, budget,
+             prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
+    """Draft tree continuing `context` (module docstring, "Retrieval"), written to out[0] tokens,
+    out[1] parents, out[2] depths and scores; returns its node count n (root included, at most
+    budget + 1), nodes in best-first order. out: int32[5, >= budget + 1] (rows 3, 4: the draft's
+    child lists); cs, ci: candidate workspace (float32[cap], int32[cap, 3])."""
+    n_context = context.shape[0]
+    out[0, 0], out[1, 0], out[2, 0], out[3, 0], out[4, 0] = context[n_context - 1], -1, 0, -1, -1
+    scores[0] = 1.0
+    n_out = 1
+    fallback = -2  # paper mode: the longest suffix that offered anything (-2: none)
+    last = 0 if use_top else 1
+    for m in range(min(max_match, n_context), last - 1, -1):
+        if n_out > budget:
+            break
+        matched = ROOT if m == 0 else _match(links, root, front, context, n_context, m)
+        if matched < 0 and m > 0:
+            continue
+        if fill:
+            n_out = _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, n_out,
+                           budget, cs, ci)
+        else:
+            out[3, 0] = -1
+            n_got = _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, 1,
+                           budget, cs, ci)
+            if n_got - 1 >= min_stage_nodes:
+                return n_got
+            if n_got > 1 and fallback == -2:
+                fallback = m
+        if mode == MODE_SINGLE and n_out > 1:
+            break  # a single branch comes from one stage
+    if fallback != -2:  # redo the stage that won (cheaper than keeping a copy of every stage)
+        matched = ROOT if fallback == 0 else _match(links, root, front, context, n_context, fallback)
+        out[3, 0] = -1
+        n_out = _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, 1, budget, cs, ci)
+    return n_out
+
+
+@nb.njit(cache=True)
+def step(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, cs, ci, out,
+         scores, max_match, budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
+    """One decode step in one call (a numba dispatch costs about a microsecond): count the tokens
+    accepted since the last step, then draft from the stream itself (context = stream[:end])."""
+    extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, prompt_weight, recent_weight)
+    return retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:end], max_match,
+                    budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode)
+
+
+# -- checks --------------------------------------------------------------------------------------
+
+@nb.njit(cache=True)
+def find_corruption(links, freq, free, root, meta):
+    """Return (code, node) for the first broken invariant, or (0, -1) when the pool is consistent.
+
+    1 bad free list, 2 bad token / parent, 3 root index disagrees, 4 child list broken (a node
+    reached twice, from the wrong parent, or a live node unreachable), 5 a count negative or not
+    finite, or RECENT above OUTPUT, 6 two siblings hold the same token.
+    """
+    capacity, token_limit = links.shape[0], root.shape[0]
+    n_free = meta[N_FREE]
+    if n_free < 0 or n_free > capacity or meta[ROOT_FIRST] < -1 or meta[ROOT_FIRST] >= capacity:
+        return 1, -1
+    on_free = np.zeros(capacity, np.bool_)
+    for i in range(n_free):
+        node = free[i]
+        if node < 0 or node >= capacity or on_free[node] or links[node, PARENT] != FREE:
+            return 1, node
+        on_free[node] = True
+    for node in range(capacity):
+        p = links[node, PARENT]
+        if p == FREE:
+            if not on_free[node]:
+                return 1, node
+            continue
+        t = links[node, TOKEN]
+        if t < 0 or t >= token_limit or p < ROOT or p >= capacity or (p >= 0 and links[p, PARENT] == FREE):
+            return 2, node
+        if p == ROOT and root[t] != node:
+            return 3, node
+        for f in range(3):
+            if not (freq[node, f] >= 0.0 and np.isfinite(freq[node, f])):
+                return 5, node
+        if freq[node, RECENT] > freq[node, OUTPUT]:
+            return 5, node
+    for t in range(token_limit):
+        node = root[t]
+        if node != -1 and (node < 0 or node >= capacity or links[node, PARENT] != ROOT or links[node, TOKEN] != t):
+            return 3, node
+    seen = np.zeros(capacity, np.bool_)
+    n_seen = 0
+    stack = [ROOT]
+    while len(stack) > 0:
+        parent = stack.pop()
+        c = meta[ROOT_FIRST] if parent == ROOT else links[parent, CHILD]
+        first = c
+        while c >= 0:
+            if c >= capacity or seen[c] or links[c, PARENT] != parent:
+                return 4, c
+            seen[c] = True
+            n_seen += 1
+            other = first
+            while other != c:
+                if links[other, TOKEN] == links[c, TOKEN]:
+                    return 6, c
+                other = links[other, SIBLING]
+            stack.append(c)
+            c = links[c, SIBLING]
+    if n_seen + n_free != capacity:
+        return 4, -1
+    return 0, -1

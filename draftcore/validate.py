@@ -1,0 +1,68 @@
+"""Validation at the public boundary: check once here, trust inside."""
+import numba as nb
+import numpy as np
+
+from .errors import ConfigError, InputError, describe
+
+
+def token_array(name: str, value, vocab_size: int | None = None, allow_empty: bool = False) -> np.ndarray:
+    """Return `value` as a contiguous 1-D int32 array of token ids, or raise InputError.
+
+    Accepts int32 arrays as they are and other integer sequences (lists, int64 arrays) when every
+    value fits; floats, bools and objects are refused rather than silently truncated.
+    """
+    if isinstance(value, np.ndarray) and value.dtype == np.int32 and value.ndim == 1 \
+            and value.flags.c_contiguous and (value.shape[0] or allow_empty):
+        # Fast path for arrays that already have the contract's layout (the decode loop's own).
+        if _first_out_of_range(value, vocab_size if vocab_size is not None else np.iinfo(np.int32).max) < 0:
+            return value
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{name}: expected a 1-D sequence of int token ids, got {describe(value)}") from exc
+        if arr.size == 0:
+            arr = arr.astype(np.int32)
+    if arr.ndim != 1:
+        raise InputError(f"{name}: expected a 1-D array of token ids, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"{name}: expected dtype=int32 token ids, got dtype={arr.dtype}")
+    if arr.size == 0 and not allow_empty:
+        raise InputError(f"{name}: expected at least one token id, got an empty array")
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
+        if lo < 0 or hi >= upper:
+            bad = lo if lo < 0 else hi
+            raise InputError(f"{name}: token id {bad} is outside the vocabulary [0, {upper})")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def positive_int(name: str, value, minimum: int = 1) -> int:
+    """Return `value` as an int >= minimum, or raise ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name}: expected an int >= {minimum}, got {describe(value)}")
+    if value < minimum:
+        raise ConfigError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def positive_float(name: str, value, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """Return `value` as a float > minimum (>= when inclusive), or raise ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{name}: expected a number, got {describe(value)}")
+    ok = value >= minimum if inclusive else value > minimum
+    if not ok or not np.isfinite(value):
+        sign = ">=" if inclusive else ">"
+        raise ConfigError(f"{name}: expected a finite number {sign} {minimum}, got {value}")
+    return float(value)
+
+
+@nb.njit(cache=True)
+def _first_out_of_range(arr, upper):
+    for i in range(arr.shape[0]):
+        if arr[i] < 0 or arr[i] >= upper:
+            return i
+    return -1

@@ -1,0 +1,406 @@
+"""HFVerifier (draftcore.adapters.torch_hf): tree forwards, commits, greedy exactness, refusals.
+
+The reference for every tree node is a plain causal forward over prompt + the node's root path: a
+tree-masked forward must give the same logits (fp32, within the k-token vs 1-token noise of
+DESIGN.md "Numerics"), and speculative greedy output must equal `model.generate(do_sample=False)`.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from tests
+
+import draftcore  # noqa: E402
+from draftcore import BackendError, ConfigError, DraftcoreError, DraftTree, InputError  # noqa: E402
+from draftcore.acceptance import greedy_accept  # noqa: E402
+from draftcore.adapters.torch_hf import HFVerifier, tiny_llama  # noqa: E402
+from draftcore.adapters.torch_hf.selfcheck import check_tree_attention  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+FP32_ATOL = 1e-4
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+ATTENTIONS = ["sdpa", "eager"]
+
+
+# ------------------------------------------------------------------ helpers
+
+def random_tree(rng, n: int, shape: str, vocab: int) -> DraftTree:
+    """A tree of n nodes: "chain" (one deep branch), "bush" (every node a child of the root),
+    "random" (each node's parent uniform over earlier nodes), "binary" (node i's parent (i-1)//2)."""
+    if shape == "chain":
+        parents = np.arange(-1, n - 1)
+    elif shape == "bush":
+        parents = np.r_[-1, np.zeros(n - 1, int)]
+    elif shape == "random":
+        parents = np.r_[-1, [rng.integers(0, i) for i in range(1, n)]]
+    elif shape == "binary":
+        parents = np.r_[-1, (np.arange(1, n) - 1) // 2]
+    else:
+        raise ValueError(shape)
+    return DraftTree.build(rng.integers(0, vocab, n), parents)
+
+
+def assert_tree_matches_plain(verifier, context, tree, logits, atol=FP32_ATOL):
+    """Every node's logits equal a plain forward over context + the node's root path."""
+    leaves = tree.leaves()
+    covered = np.zeros(len(tree), bool)
+    for leaf in leaves:
+        path = _node_path(tree, leaf)
+        want = verifier.plain_logits(np.r_[context, tree.tokens[path]])[-len(path):]
+        np.testing.assert_allclose(logits[path], want, atol=atol, rtol=0,
+                                   err_msg=f"leaf {leaf} of {tree!r}")
+        covered[path] = True
+    assert covered.all()
+
+
+def _node_path(tree, node):
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = tree.parents[node]
+    return np.array(path[::-1])
+
+
+def generate_greedy(model, prompt, max_new_tokens, eos_token_id=None):
+    """int32[k]: transformers' own greedy decoding, the baseline speculative output must equal."""
+    ids = torch.from_numpy(np.asarray(prompt, np.int64))[None].to(model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    return out[0, ids.shape[1]:].cpu().numpy().astype(np.int32)
+
+
+def assert_same_greedy(verifier, prompt, got, want, tie_tol):
+    """got == want token for token, except after a near-tie (DESIGN.md "Numerics"): a first
+    mismatch where the baseline's top-2 logits differ by less than tie_tol is reported, not failed."""
+    n = min(len(got), len(want))
+    mismatch = np.flatnonzero(got[:n] != want[:n])
+    if mismatch.size == 0:
+        assert len(got) == len(want), (got, want)
+        return
+    i = int(mismatch[0])
+    top2 = np.sort(verifier.plain_logits(np.r_[prompt, want[:i]])[-1])[-2:]
+    gap = float(top2[1] - top2[0])
+    assert gap < tie_tol, f"real mismatch at token {i} (top-2 gap {gap:.3g}): got {got}, want {want}"
+    print(f"near-tie at token {i} (top-2 gap {gap:.2g}); outputs diverge from there")
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    return {attn: tiny_llama(seed=0, attn_implementation=attn) for attn in ATTENTIONS}
+
+
+@pytest.fixture(scope="module")
+def verifiers(tiny_models):
+    return {attn: HFVerifier(model) for attn, model in tiny_models.items()}
+
+
+# ------------------------------------------------------------------ tree forwards
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+@pytest.mark.parametrize("shape,n", [("chain", 1), ("chain", 12), ("bush", 16), ("binary", 15),
+                                     ("random", 24), ("random", 40)])
+def test_tree_logits_equal_per_branch_plain_logits(verifiers, attn, shape, n):
+    verifier = verifiers[attn]
+    rng = np.random.default_rng(n)
+    prompt = rng.integers(0, verifier.vocab_size, 11).astype(np.int32)
+    tree = random_tree(rng, n, shape, verifier.vocab_size)
+    verifier.prefill(prompt)
+    logits = verifier.verify(tree, "logits")
+    assert logits.shape == (n, verifier.vocab_size) and logits.dtype == np.float32
+    assert verifier.n_past == len(prompt)  # nothing committed yet
+    assert_tree_matches_plain(verifier, prompt, tree, logits)
+    # argmax is taken on the device from the same logits: same tokens, int32 on the host
+    tokens = verifier.verify(tree, "argmax")
+    assert tokens.dtype == np.int32 and tokens.shape == (n,)
+    np.testing.assert_array_equal(tokens, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_matches_plain_forward(tiny_models, device):
+    model = tiny_models["sdpa"].to(device)
+    try:
+        verifier = HFVerifier(model)
+        prompt = np.arange(3, 40, 3, dtype=np.int32)
+        logits = verifier.prefill(prompt, "logits")
+        assert logits.shape == (verifier.vocab_size,) and logits.dtype == np.float32
+        np.testing.assert_allclose(logits, verifier.plain_logits(prompt)[-1], atol=FP32_ATOL, rtol=0)
+        assert verifier.prefill(prompt) == int(logits.argmax())
+        assert verifier.n_past == len(prompt)
+    finally:
+        model.to("cpu")
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+def test_commit_gather_then_verify_equals_fresh_prefill(verifiers, attn):
+    """Commit non-contiguous and contiguous paths, keep verifying: every later tree sees exactly
+    the committed sequence, as a fresh prefill of that sequence would."""
+    verifier = verifiers[attn]
+    rng = np.random.default_rng(7)
+    context = rng.integers(0, verifier.vocab_size, 9).astype(np.int32)
+    verifier.prefill(context)
+    for step, shape in enumerate(["random", "binary", "chain", "bush", "random"]):
+        tree = random_tree(rng, 14, shape, verifier.vocab_size)
+        logits = verifier.verify(tree, "logits")
+        assert_tree_matches_plain(verifier, context, tree, logits)
+        leaf = tree.leaves()[-1] if step % 2 == 0 else tree.leaves()[0]  # last leaf: a gather
+        path = _node_path(tree, leaf).astype(np.int32)
+        verifier.commit(path)
+        context = np.r_[context, tree.tokens[path]].astype(np.int32)
+        assert verifier.n_past == len(context)
+    # one more root-only step against a fresh prefill of everything committed
+    got = verifier.verify(DraftTree.root_only(5), "logits")[0]
+    fresh = HFVerifier(verifier.model, self_check=False)
+    want = fresh.prefill(np.r_[context, 5].astype(np.int32), "logits")
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+
+
+def test_verify_again_without_commit_replaces_the_tree(verifiers):
+    verifier = verifiers["sdpa"]
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, verifier.vocab_size, 10).astype(np.int32)
+    verifier.prefill(prompt)
+    first = random_tree(rng, 8, "random", verifier.vocab_size)
+    second = random_tree(rng, 6, "binary", verifier.vocab_size)
+    verifier.verify(first)
+    logits = verifier.verify(second, "logits")  # the first tree's KV must be gone
+    assert_tree_matches_plain(verifier, prompt, second, logits)
+    verifier.commit(np.array([0, 2, 5], np.int32))  # a gather in the second tree (binary: 5 -> 2 -> 0)
+    assert verifier.n_past == len(prompt) + 3
+
+
+# ------------------------------------------------------------------ greedy exactness
+
+def _oracle_tree(root, truth, rng, vocab, branches=3, depth=5):
+    """A bush of `branches` chains under `root`; the true continuation is the LAST chain (so an
+    accepted path is never the first k nodes: commit must gather) and its tail is cut at a random
+    depth, after which it goes wrong."""
+    tokens, parents = [root], [-1]
+    keep = rng.integers(0, depth + 1)
+    for b in range(branches):
+        prev = 0
+        for d in range(depth):
+            if b == branches - 1 and d < min(keep, len(truth)):
+                token = truth[d]
+            else:
+                token = rng.integers(0, vocab)
+            tokens.append(token)
+            parents.append(prev)
+            prev = len(tokens) - 1
+    return DraftTree.build(tokens, parents)
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+def test_manual_greedy_loop_with_gathers_equals_generate(tiny_models, verifiers, attn):
+    """A loop written out here (prefill, verify, greedy_accept, commit), fed trees that hold the
+    baseline's own continuation on a non-first branch, reproduces model.generate exactly."""
+    model, verifier = tiny_models[attn], verifiers[attn]
+    rng = np.random.default_rng(11)
+    prompt = rng.integers(2, verifier.vocab_size, 16).astype(np.int32)
+    n_new = 40
+    want = generate_greedy(model, prompt, n_new)
+    out = [verifier.prefill(prompt)]
+    accepted = []
+    while len(out) < n_new:
+        tree = _oracle_tree(out[-1], want[len(out):], rng, verifier.vocab_size)
+        path, next_token = greedy_accept(tree.tokens, tree.parents, verifier.verify(tree))
+        verifier.commit(path)
+        accepted.append(len(path) - 1)
+        out.extend(tree.tokens[path[1:]].tolist() + [int(next_token)])
+    np.testing.assert_array_equal(np.array(out[:n_new], np.int32), want)
+    assert max(accepted) >= 3  # long non-contiguous paths were really committed
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+@pytest.mark.parametrize("budget", [1, 8, 24])
+def test_speculate_greedy_equals_generate(tiny_models, verifiers, attn, budget):
+    model, verifier = tiny_models[attn], verifiers[attn]
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        block = rng.integers(2, verifier.vocab_size, 12)
+        prompt = np.r_[block, block, block[:5]].astype(np.int32)  # repetition the trie can draft from
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=48, budget=budget, eos_token_id=1)
+        want = generate_greedy(model, prompt, 48, eos_token_id=1)
+        assert_same_greedy(verifier, prompt, result.tokens, want, tie_tol=1e-4)
+
+
+# ------------------------------------------------------------------ the self-check
+
+class MaskDroppingLlama(LlamaForCausalLM):
+    """A model that throws the 4-D mask away (as some custom forwards do): tree nodes see cousins."""
+
+    def forward(self, *args, attention_mask=None, **kwargs):
+        return super().forward(*args, attention_mask=None, **kwargs)
+
+
+def _mask_dropping_model():
+    source = tiny_llama(seed=0)
+    model = MaskDroppingLlama(source.config)
+    model.load_state_dict(source.state_dict())
+    return model.eval()
+
+
+def test_self_check_refuses_a_model_that_ignores_the_mask():
+    with pytest.raises(BackendError, match="MaskDroppingLlama"):
+        HFVerifier(_mask_dropping_model())
+
+
+def test_self_check_leaves_the_verifier_empty():
+    verifier = HFVerifier(_mask_dropping_model(), self_check=False)
+    with pytest.raises(BackendError, match="ignores or rebuilds the 4-D attention mask"):
+        check_tree_attention(verifier)
+    assert verifier.n_past == 0
+    with pytest.raises(InputError, match="before prefill"):
+        verifier.verify(DraftTree.root_only(3))
+
+
+def test_passing_self_check_leaves_the_verifier_empty(verifiers):
+    fresh = HFVerifier(verifiers["sdpa"].model)
+    assert fresh.n_past == 0
+    with pytest.raises(InputError, match="before prefill"):
+        fresh.verify(DraftTree.root_only(3))
+
+
+def test_refuses_maskless_attention_and_training_mode():
+    model = tiny_llama(seed=1)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ConfigError, match="flash_attention_2"):
+        HFVerifier(model, self_check=False)
+    with pytest.raises(ConfigError, match="training mode"):
+        HFVerifier(tiny_llama(seed=1).train(), self_check=False)
+    with pytest.raises(ConfigError, match="model"):
+        HFVerifier(object(), self_check=False)
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.fixture
+def prefilled(verifiers):
+    verifier = verifiers["sdpa"]
+    verifier.prefill(np.arange(2, 12, dtype=np.int32))
+    return verifier
+
+
+@pytest.mark.parametrize("prompt,match", [
+    (np.zeros(0, np.int32), "empty"),
+    (np.array([1.0, 2.0]), "dtype"),
+    (np.array([[1, 2]], np.int32), "shape"),
+    (np.array([1, 256], np.int32), "outside the vocabulary"),
+    (np.array([-1], np.int32), "outside the vocabulary"),
+])
+def test_prefill_refuses_bad_prompts(prefilled, prompt, match):
+    with pytest.raises(InputError, match=match):
+        prefilled.prefill(prompt)
+    assert prefilled.n_past == 10  # refused before any state changed
+
+
+def test_bad_verify_and_commit_calls(prefilled):
+    v = prefilled
+    with pytest.raises(ConfigError, match="want"):
+        v.verify(DraftTree.root_only(3), "probs")
+    with pytest.raises(InputError, match="DraftTree"):
+        v.verify(np.array([3, 4], np.int32))
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        v.verify(DraftTree.chain(3, [4, 999]))
+    broken = DraftTree(np.array([3, 4, 5], np.int32), np.array([-1, 2, 0], np.int32), np.array([0, 1, 1], np.int32))
+    with pytest.raises(InputError, match="malformed"):
+        v.verify(broken)
+    with pytest.raises(InputError, match="commit\\(\\) needs a verified tree"):
+        v.commit(np.array([0], np.int32))
+    assert v.n_past == 10
+
+    tree = DraftTree.build([3, 4, 5, 6], [-1, 0, 1, 0])
+    v.verify(tree)
+    for path, match in [(np.zeros(0, np.int32), "non-empty"), (np.array([0.0, 1.0]), "int32"),
+                        (np.array([1, 2], np.int32), "root"), (np.array([0, 4], np.int32), "\\[0, 4\\)"),
+                        (np.array([0, 2], np.int32), "not a child"), (np.array([0, 3, 2], np.int32), "not a child")]:
+        with pytest.raises(InputError, match=match):
+            v.commit(path)
+    assert v.n_past == 10
+    v.commit(np.array([0, 1, 2], np.int32))  # still committable after the refusals
+    assert v.n_past == 13
+    with pytest.raises(InputError, match="verified tree"):
+        v.commit(np.array([0], np.int32))  # each tree commits once
+
+
+def test_context_limits():
+    model = tiny_llama(seed=2)
+    with pytest.raises(ConfigError, match="max_context"):
+        HFVerifier(model, max_context=0)
+    v = HFVerifier(model, max_context=16)
+    with pytest.raises(InputError, match="max_context 16"):
+        v.prefill(np.arange(17, dtype=np.int32))
+    v.prefill(np.arange(12, dtype=np.int32))
+    with pytest.raises(InputError, match="exceed max_context 16"):
+        v.verify(DraftTree.chain(3, [4, 5, 6, 7]))
+    v.verify(DraftTree.chain(3, [4, 5, 6]))  # exactly full is fine
+    assert HFVerifier(model, self_check=False).max_context == model.config.max_position_embeddings
+
+
+def test_every_refusal_is_a_draftcore_error():
+    assert issubclass(InputError, DraftcoreError) and issubclass(ConfigError, DraftcoreError)
+    assert issubclass(BackendError, DraftcoreError)
+
+
+def test_text_methods_exist_only_with_a_tokenizer(verifiers):
+    verifier = verifiers["sdpa"]
+    assert not hasattr(verifier, "encode") and not hasattr(verifier, "decode")
+    assert isinstance(verifier, draftcore.Verifier)
+
+
+def test_missing_smollm2_package_is_a_draftcore_error(monkeypatch):
+    from draftcore.adapters.torch_hf import smollm2
+    monkeypatch.setattr(smollm2, "PACKAGE", "no_such_package_for_draftcore_tests")
+    with pytest.raises(DraftcoreError, match="not installed"):
+        smollm2.packaged_gguf()
+
+
+def test_import_draftcore_does_not_import_torch():
+    code = "import sys, draftcore, draftcore.adapters; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------ the real model
+
+SMOLLM2_PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "List three primary colors, one per line:\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("gguf")
+    from draftcore.adapters.torch_hf import load_smollm2
+    from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
+    try:
+        packaged_gguf()
+    except DraftcoreError as exc:
+        pytest.skip(str(exc))
+    model, tokenizer = load_smollm2()
+    return model, tokenizer, HFVerifier(model, tokenizer=tokenizer)
+
+
+def test_smollm2_speculative_greedy_equals_generate(smollm2):
+    model, tokenizer, verifier = smollm2
+    assert verifier.vocab_size == 49152 and verifier.dtype == torch.float32
+    eos = tokenizer.eos_token_id
+    for text in SMOLLM2_PROMPTS:
+        prompt = verifier.encode(text)
+        assert prompt.dtype == np.int32
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=24, budget=8, eos_token_id=eos)
+        want = generate_greedy(model, prompt, 24, eos_token_id=eos)
+        assert_same_greedy(verifier, prompt, result.tokens, want, tie_tol=1e-2)
+
+
+def test_smollm2_text_prompt(smollm2):
+    _, _, verifier = smollm2
+    result = draftcore.speculate(verifier, SMOLLM2_PROMPTS[2], max_new_tokens=8)
+    assert isinstance(result.text, str) and result.text == verifier.decode(result.tokens)

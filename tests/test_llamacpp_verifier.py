@@ -1,0 +1,404 @@
+"""llama.cpp backend: tree verify, commit and the chain fallback, on an exact float32 fixture.
+
+The fixture is a tiny random Llama held twice with the same weights: in HF (fp32) and in llama.cpp
+(F32 GGUF written by draftcore's gguf_writer, f32 KV cache, no flash attention). A multi-token
+forward never gives bit-identical logits to single-token ones, so logits are compared with a
+tolerance and greedy tokens with the near-tie rule of DESIGN.md "Numerics".
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from draftcore.adapters.llamacpp import ChainOnlyWarning, LlamaCppVerifier, write_tiny_llama_gguf  # noqa: E402
+from draftcore.adapters.llamacpp import branches  # noqa: E402
+from draftcore.errors import ConfigError, DraftcoreError, InputError  # noqa: E402
+from draftcore.tree import DraftTree  # noqa: E402
+
+VOCAB = 512
+ATOL = 1e-4        # logits: llama.cpp F32 vs a differently batched forward (measured ~1e-6)
+NEAR_TIE = 1e-3    # greedy: a top-2 gap below this may flip between two exact-in-f32 forwards
+F32 = llama_cpp.GGML_TYPE_F32
+EXACT = dict(n_threads=2, type_k=F32, type_v=F32, flash_attn=False)
+
+PROMPTS = [
+    [1, 300, 301, 302, 303, 300, 301, 302],
+    [1, 17, 42, 99, 256, 17, 42],
+    [1] + list(range(400, 420)),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(path of the tiny F32 GGUF, the same model in HF or None when torch/transformers are missing)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    model = write_tiny_llama_gguf(path, seed=0, vocab_size=VOCAB)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def verifier(tiny):
+    return LlamaCppVerifier.from_gguf(tiny[0], n_ctx=512, n_seq_max=33, **EXACT)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """A second context for fresh evaluations: `reference(tokens)` gives float32[T, vocab], the
+    logits at every position; `reference.last(tokens)` those at the last one."""
+    ref = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=512, **EXACT)
+
+    def logits(tokens):
+        tokens = np.asarray(tokens, np.int32)
+        first = ref.prefill(tokens[:1], "logits")
+        if len(tokens) == 1:
+            return first[None]
+        return np.vstack([first, ref.verify(DraftTree.chain(int(tokens[1]), tokens[2:]), "logits")])
+
+    logits.last = lambda tokens: ref.prefill(np.asarray(tokens, np.int32), "logits")
+    return logits
+
+
+def random_tree(rng, root, n, branching=0.5):
+    """A random tree of n nodes; a node's parent is the previous node with probability 1 - branching."""
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(i - 1 if rng.random() > branching else int(rng.integers(0, i)))
+    tokens = [root] + rng.integers(3, VOCAB, n - 1).tolist()
+    return DraftTree.build(tokens, parents)
+
+
+def random_path(rng, tree):
+    """Root-to-node path of a random node (node indices are usually not contiguous)."""
+    node = int(rng.integers(0, len(tree)))
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(tree.parents[node])
+    return np.array(path[::-1], np.int32)
+
+
+def assert_committed_only(v, n_past):
+    """Seq 0 holds positions 0 .. n_past - 1 and no other sequence has a cell."""
+    mem = v._mem
+    assert llama_cpp.llama_memory_seq_pos_min(mem, 0) == 0
+    assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == n_past - 1
+    for seq in range(1, v.limits.n_seq_max):
+        assert llama_cpp.llama_memory_seq_pos_max(mem, seq) == -1, f"seq {seq} still has cells"
+
+
+def plain_greedy(v, prompt, n_new):
+    """The verifier's own plain greedy decoding: prefill, then one root-only verify per token.
+    Returns (tokens, top-2 gap of the logits that chose each token)."""
+    logits = v.prefill(np.asarray(prompt, np.int32), "logits")
+    tokens, gaps = [], []
+    for _ in range(n_new):
+        top2 = np.sort(logits)[-2:]
+        tokens.append(int(logits.argmax()))
+        gaps.append(float(top2[1] - top2[0]))
+        logits = v.verify(DraftTree.root_only(tokens[-1]), "logits")[0]
+        v.commit(np.array([0], np.int32))
+    return tokens, gaps
+
+
+def assert_same_greedy(got, want, gaps, what):
+    """Equal token for token, except that a first mismatch at a near-tie ends the comparison."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            assert gaps[i] < NEAR_TIE, f"{what}: token {i} differs ({a} vs {b}), top-2 gap {gaps[i]:.3g}"
+            warnings.warn(f"{what}: near-tie at token {i} (gap {gaps[i]:.2g}); compared {i} tokens")
+            return
+    assert len(got) == len(want), what
+
+
+# ---------------------------------------------------------------- GGUF fixture: HF == llama.cpp
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_hf_and_llamacpp_give_the_same_greedy_tokens(tiny, verifier, reference, prompt):
+    import torch
+
+    model = tiny[1]
+    want, gaps = plain_greedy(verifier, prompt, 16)
+    sequence = list(prompt) + want
+    with torch.no_grad():
+        hf = model(torch.tensor([sequence])).logits[0].numpy()
+    got = hf[len(prompt) - 1:-1].argmax(axis=1).tolist()
+    assert_same_greedy(got, want, gaps, "HF vs llama.cpp")
+    np.testing.assert_allclose(reference(sequence), hf, atol=ATOL, rtol=0)
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    pytest.importorskip("transformers")
+    import torch
+
+    model = write_tiny_llama_gguf(tmp_path / "tied.gguf", seed=1, vocab_size=300, tie_word_embeddings=True,
+                                  num_key_value_heads=4, rope_theta=500.0)
+    v = LlamaCppVerifier.from_gguf(tmp_path / "tied.gguf", n_ctx=64, **EXACT)
+    ids = [1, 5, 250, 7, 9, 299]
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(v.prefill(np.array(ids, np.int32), "logits"), want, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------- tree mode
+
+def test_tree_logits_equal_per_branch_forwards(verifier, reference):
+    rng = np.random.default_rng(0)
+    prompt = np.array(PROMPTS[0], np.int32)
+    for n, branching in [(2, 1.0), (5, 0.5), (9, 0.7), (16, 0.4), (24, 0.9)]:
+        first = verifier.prefill(prompt)
+        tree = random_tree(rng, first, n, branching)
+        before = verifier.n_decodes
+        logits = verifier.verify(tree, "logits")
+        assert verifier.n_decodes == before + 1, "one llama_decode per tree"
+        argmax = verifier.verify(tree, "argmax")  # a second verify replaces the first
+        assert argmax.dtype == np.int32 and argmax.shape == (n,)
+        np.testing.assert_array_equal(argmax, logits.argmax(axis=1))
+        for node in range(n):
+            want = reference.last(np.concatenate([prompt, tree.path_tokens(node)]))
+            np.testing.assert_allclose(logits[node], want, atol=ATOL, rtol=0, err_msg=f"n={n} node={node}")
+
+
+def test_commit_many_steps_keeps_only_the_path(verifier, reference):
+    rng = np.random.default_rng(1)
+    context = list(PROMPTS[1])
+    root = verifier.prefill(np.array(context, np.int32))
+    assert_committed_only(verifier, len(context))
+    for step in range(40):
+        tree = random_tree(rng, root, int(rng.integers(1, 20)), branching=0.6)
+        model_tokens = verifier.verify(tree)
+        path = random_path(rng, tree)
+        verifier.commit(path)
+        context += tree.tokens[path].tolist()
+        assert verifier.n_past == len(context)
+        assert_committed_only(verifier, len(context))
+        root = int(model_tokens[path[-1]])
+    # The cache now holds exactly `context`: the next forward equals a fresh evaluation.
+    tree = random_tree(rng, root, 12, branching=0.5)
+    logits = verifier.verify(tree, "logits")
+    for node in (0, 5, 11):
+        want = reference.last(np.concatenate([np.array(context, np.int32), tree.path_tokens(node)]))
+        np.testing.assert_allclose(logits[node], want, atol=ATOL, rtol=0)
+
+
+def test_chain_verify_uses_sequence_zero(verifier, reference):
+    prompt = np.array(PROMPTS[2], np.int32)
+    root = verifier.prefill(prompt)
+    chain = DraftTree.chain(root, [10, 11, 12])
+    logits = verifier.verify(chain, "logits")
+    assert llama_cpp.llama_memory_seq_pos_max(verifier._mem, 1) == -1   # no leaf sequence used
+    verifier.commit(np.array([0, 1], np.int32))
+    assert_committed_only(verifier, len(prompt) + 2)
+    want = reference(np.concatenate([prompt, chain.tokens]))[len(prompt):]
+    np.testing.assert_allclose(logits, want, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------- chain-only fallback
+
+@pytest.fixture(scope="module")
+def stock_llama(tiny):
+    return llama_cpp.Llama(str(tiny[0]), n_ctx=256, n_threads=2, type_k=F32, type_v=F32, verbose=False)
+
+
+def test_chain_fallback_warns_once_and_stays_exact(stock_llama, verifier):
+    v = LlamaCppVerifier.from_llama(stock_llama)
+    assert v.chain_only and v.max_leaves == 0
+    rng = np.random.default_rng(2)
+    prompt = np.array(PROMPTS[0], np.int32)
+    with pytest.warns(ChainOnlyWarning):
+        for _ in range(3):
+            first = v.prefill(prompt)
+            assert first == verifier.prefill(prompt)
+            tree = random_tree(rng, first, 10, branching=0.6)
+            logits = v.verify(tree, "logits")
+            np.testing.assert_allclose(logits, verifier.verify(tree, "logits"), atol=ATOL, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ChainOnlyWarning)  # said once, not again
+        context = list(prompt)
+        root = v.prefill(prompt)
+        for _ in range(15):
+            tree = random_tree(rng, root, 8, branching=0.5)
+            out = v.verify(tree, "argmax")
+            path = _greedy_path(tree, out)
+            v.commit(path)
+            context += tree.tokens[path].tolist()
+            assert_committed_only(v, len(context))
+            root = int(out[path[-1]])
+        # logits mode decodes every branch; a commit on an earlier branch decodes the path again
+        tree = DraftTree.build([root, 3, 4, 5, 6], [-1, 0, 1, 0, 3])
+        v.verify(tree, "logits")
+        v.commit(np.array([0, 1, 2], np.int32))
+        context += tree.tokens[[0, 1, 2]].tolist()
+        assert v.n_redecoded == 2   # nodes 1, 2: the root stayed cached
+        assert_committed_only(v, len(context))
+        np.testing.assert_allclose(v.verify(DraftTree.root_only(9), "logits")[0],
+                                   verifier.prefill(np.array(context + [9], np.int32), "logits"), atol=ATOL, rtol=0)
+
+
+def _greedy_path(tree, out):
+    from draftcore.acceptance import greedy_accept
+    return greedy_accept(tree.tokens, tree.parents, out)[0]
+
+
+def test_chain_fallback_greedy_walk_matches_tree_mode(stock_llama, verifier):
+    """Greedy outputs along the accepted path match tree mode, also when the walk leaves the best branch."""
+    v = LlamaCppVerifier.from_llama(stock_llama)
+    prompt = np.array(PROMPTS[1], np.int32)
+    t0 = verifier.prefill(prompt)
+    t1 = int(verifier.verify(DraftTree.chain(t0, []))[0])
+    # Node 1 is a wrong best guess; node 2 (second child) is the model's token: the walk must switch.
+    tree = DraftTree.build([t0, (t1 + 1) % VOCAB, t1, 7, 8], [-1, 0, 0, 2, 2])
+    want = verifier.verify(tree)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChainOnlyWarning)
+        v.prefill(prompt)
+        decodes = v.n_decodes
+        got = v.verify(tree)
+    assert v.n_decodes - decodes == 2      # best branch, then the branch the walk moved into
+    path = _greedy_path(tree, want)
+    np.testing.assert_array_equal(_greedy_path(tree, got), path)
+    np.testing.assert_array_equal(got[path], want[path])
+    v.commit(path)
+    assert_committed_only(v, len(prompt) + path.shape[0])
+
+
+def test_strict_and_own_context(stock_llama, verifier):
+    with pytest.raises(ConfigError, match="n_seq_max"):
+        LlamaCppVerifier.from_llama(stock_llama, strict=True)
+    v = LlamaCppVerifier.from_llama(stock_llama, own_context=True, n_seq_max=9)
+    assert not v.chain_only and v.max_leaves == 8
+    prompt = np.array(PROMPTS[2], np.int32)
+    tree = random_tree(np.random.default_rng(3), v.prefill(prompt), 8, branching=0.8)
+    verifier.prefill(prompt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ChainOnlyWarning)
+        np.testing.assert_allclose(v.verify(tree, "logits"), verifier.verify(tree, "logits"), atol=ATOL, rtol=0)
+    v.close()
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
+    path = tiny[0]
+    fresh = LlamaCppVerifier.from_gguf(path, n_ctx=64, n_seq_max=3, n_threads=2)
+    with pytest.raises(InputError, match="prefill first"):
+        fresh.verify(DraftTree.root_only(5))
+    with pytest.raises(InputError, match="no verified tree"):
+        fresh.commit(np.array([0], np.int32))
+    n_ctx = fresh.max_context  # llama.cpp may round n_ctx up: what it reports is the limit
+    bad_prompts = [np.array([], np.int32), np.array([1.5, 2.0]), np.array([1, VOCAB]), np.array([[1, 2]]),
+                   np.ones(n_ctx + 1, np.int32), [1, -2]]
+    for prompt in bad_prompts:
+        with pytest.raises(InputError):
+            fresh.prefill(prompt)
+    root = fresh.prefill(np.arange(n_ctx - 10, dtype=np.int32) % VOCAB)
+    n_past = fresh.n_past
+    bad_trees = [
+        [root, 2, 3],                                                   # not a DraftTree
+        DraftTree.chain(root, [VOCAB + 3]),                             # token outside the vocabulary
+        DraftTree.chain(root, np.arange(3, 13)),                        # n_ctx - 10 + 11 > n_ctx
+        DraftTree.build([root, 3, 4, 5], [-1, 0, 0, 0]),                # 3 leaves > n_seq_max 3 - 1
+        DraftTree(np.array([root, 3], np.int32), np.array([-1, 5], np.int32), np.array([0, 1], np.int32)),
+    ]
+    for tree in bad_trees:
+        with pytest.raises(InputError):
+            fresh.verify(tree)
+    with pytest.raises(InputError, match="want"):
+        fresh.verify(DraftTree.root_only(root), want="probs")
+    assert fresh.n_past == n_past
+    assert_committed_only(fresh, n_past)
+
+    tree = DraftTree.build([root, 3, 4, 5], [-1, 0, 1, 0])
+    fresh.verify(tree)
+    for bad_path in ([1, 2], [0, 2], [0, 1, 3], [0, 9], [], [0.0, 1.0]):
+        with pytest.raises(InputError):
+            fresh.commit(np.asarray(bad_path))
+    fresh.commit(np.array([0, 3], np.int32))
+    assert_committed_only(fresh, n_past + 2)
+
+    with pytest.raises(ConfigError):
+        LlamaCppVerifier.from_gguf(path.parent / "missing.gguf")
+    with pytest.raises(ConfigError, match="not_a_param"):
+        LlamaCppVerifier.from_gguf(path, not_a_param=1)
+    with pytest.raises(ConfigError):
+        LlamaCppVerifier.from_gguf(path, n_seq_max=1)
+    with pytest.raises(ConfigError):
+        LlamaCppVerifier.from_llama("model.gguf")
+    assert issubclass(InputError, DraftcoreError) and issubclass(ConfigError, DraftcoreError)
+
+
+# ---------------------------------------------------------------- branch walks (pure numpy)
+
+def test_branch_heads_visit_every_node_once():
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        tree = random_tree(rng, 1, int(rng.integers(1, 30)), branching=float(rng.random()))
+        first = branches.first_children(tree.parents)
+        covered = []
+        for head in branches.branch_heads(tree.parents):
+            covered += branches.best_chain(first, head)
+        assert sorted(covered) == list(range(len(tree)))
+        assert len(branches.branch_heads(tree.parents)) == len(tree.leaves())
+
+
+# ---------------------------------------------------------------- speculate on the fixture
+
+def test_speculate_equals_plain_greedy(verifier):
+    draftcore = pytest.importorskip("draftcore")
+    if not hasattr(draftcore, "speculate"):
+        pytest.skip("draftcore.speculate not available yet")
+    for prompt in PROMPTS:
+        prompt = prompt * 3  # repetition gives the trie drafter something to propose
+        want, gaps = plain_greedy(verifier, prompt, 40)
+        result = draftcore.speculate(verifier, np.array(prompt, np.int32), max_new_tokens=40, budget=12)
+        assert_same_greedy(result.tokens.tolist(), want, gaps, "speculate vs plain greedy")
+        assert_committed_only(verifier, len(prompt) + len(result.tokens) - 1)
+
+
+# ---------------------------------------------------------------- the real model, F32 (slow: ~20 s)
+
+SMOLLM2_PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2_f32(tmp_path_factory):
+    """SmolLM2-135M-Instruct in HF fp32 and as an F32 GGUF written from it (tokenizer copied from the
+    packaged Q4_1 GGUF), with a llama.cpp verifier over the latter."""
+    pytest.importorskip("gguf")
+    smollm2 = pytest.importorskip("draftcore.adapters.torch_hf.smollm2")
+    try:
+        source = smollm2.packaged_gguf()
+    except DraftcoreError as exc:
+        pytest.skip(str(exc))
+    model, _ = smollm2.load_smollm2()
+    path = tmp_path_factory.mktemp("smollm2") / "smollm2-f32.gguf"
+    from draftcore.adapters.llamacpp import write_llama_gguf
+    write_llama_gguf(model, path, tokenizer_from=source)
+    verifier = LlamaCppVerifier.from_gguf(path, n_ctx=1024, **EXACT)
+    yield model, verifier
+    verifier.close()
+
+
+@pytest.mark.slow
+def test_smollm2_f32_matches_hf_and_speculates_exactly(smollm2_f32):
+    import torch
+
+    draftcore = pytest.importorskip("draftcore")
+    model, verifier = smollm2_f32
+    assert verifier.vocab_size == 49152 and not verifier.chain_only
+    for text in SMOLLM2_PROMPTS:
+        prompt = verifier.encode(text)
+        assert verifier.decode(prompt) == text
+        want, gaps = plain_greedy(verifier, prompt, 24)
+        with torch.no_grad():
+            hf = model(torch.tensor([prompt.tolist() + want])).logits[0].numpy()
+        assert_same_greedy(hf[len(prompt) - 1:-1].argmax(axis=1).tolist(), want, gaps, "SmolLM2 HF vs llama.cpp")
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=24, budget=8, eos_token_id=2)
+        assert_same_greedy(result.tokens.tolist(), want[:len(result.tokens)], gaps, "SmolLM2 speculate")

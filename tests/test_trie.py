@@ -1,0 +1,614 @@
+"""The jitted trie drafter against tests/naive.py, plus its boundaries (config, save/load, layouts).
+
+Random request scripts (several requests in a row: start → updates in random chunks with proposals
+at random points → finish, tiny pools so pruning happens all the time) run on TrieDrafter and on
+NaiveTrie; after every operation the whole trie (every token path with its two counts, and the
+order of every child list) and every proposed tree must be identical, and the pool must pass
+check_integrity().
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import draftcore
+from draftcore import ConfigError, DraftTree, InputError, TrieDrafter
+from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_trie_contents, pool_child_order,
+                   pool_contents)
+
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+N_PRUNES = 2  # meta[N_PRUNES]: prune passes so far
+
+
+# -- random scripts ---------------------------------------------------------------------------------
+def random_params(rng, layouts=("hierarchical", "single")):
+    bl = int(rng.integers(2, 7))
+    vocab = int(rng.integers(3, 31))
+    params = dict(
+        capacity=int(2 * bl + 1 + rng.choice([0, 3, 10, 40, 300])),
+        branch_length=bl,
+        max_match=int(rng.integers(1, 10)),
+        prompt_weight=float(rng.choice([0.0, 0.5, 1.0, 4.0])),
+        min_stage_nodes=int(rng.integers(1, 9)),
+        fill=bool(rng.random() < 0.5),
+        layout=str(rng.choice(layouts)),
+    )
+    token_limit = vocab if rng.random() < 0.5 else vocab + int(rng.integers(1, 50))
+    return vocab, token_limit, params
+
+
+def random_tokens(rng, base, vocab, n):
+    """n tokens that often repeat pieces of `base` (so the trie has something to find)."""
+    out = []
+    while len(out) < n:
+        if rng.random() < 0.7:
+            i = int(rng.integers(0, len(base)))
+            out += base[i:i + int(rng.integers(1, 12))]
+        else:
+            out += rng.integers(0, vocab, size=int(rng.integers(1, 4))).tolist()
+    return out[:n]
+
+
+def random_script(rng, vocab, token_limit, n_requests=None):
+    """A list of operations: ("start", prompt), ("update", tokens), ("propose", context|None, budget)
+    (None: the request's own stream, as speculate passes it), ("finish",), ("warm_up", seqs)."""
+    base = rng.integers(0, vocab, size=int(rng.integers(4, 40))).tolist()
+    ops = []
+    if rng.random() < 0.3:
+        ops.append(("warm_up", [random_tokens(rng, base, vocab, int(rng.integers(0, 30)))
+                                for _ in range(int(rng.integers(1, 3)))]))
+    for _ in range(n_requests or int(rng.integers(1, 5))):
+        if rng.random() < 0.3:  # a proposal between requests (the trie is idle)
+            ops.append(("propose", random_tokens(rng, base, vocab, int(rng.integers(1, 10))), int(rng.integers(0, 40))))
+        ops.append(("start", random_tokens(rng, base, vocab, int(rng.integers(1, 40)))))
+        for _ in range(int(rng.integers(0, 12))):
+            r = rng.random()
+            if r < 0.5:
+                ops.append(("update", random_tokens(rng, base, vocab, int(rng.integers(0, 9)))))
+            elif r < 0.85:
+                ops.append(("propose", None, int(rng.integers(0, 40))))
+            else:  # some other context: a token past the vocabulary, or just anything
+                ctx = random_tokens(rng, base, vocab, int(rng.integers(1, 12)))
+                if rng.random() < 0.2:
+                    ctx[-1] = token_limit - 1
+                ops.append(("propose", ctx, int(rng.integers(0, 40))))
+        if rng.random() < 0.9:
+            ops.append(("finish",))
+    return ops
+
+
+def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie):
+    drafter.check_integrity()  # also counts the tokens still pending
+    state = drafter._state
+    assert drafter.n_nodes == naive.node_count() <= drafter.capacity
+    assert pool_contents(state) == naive_trie_contents(naive)
+    assert pool_child_order(state) == naive_child_order(naive)
+    assert int(state[4][N_PRUNES]) == naive.n_prunes
+
+
+def assert_same_tree(tree: DraftTree, expected, budget):
+    tokens, parents, depths, scores = expected
+    assert tree.tokens.tolist() == tokens, (tree, expected)
+    assert tree.parents.tolist() == parents
+    assert tree.depths.tolist() == depths
+    np.testing.assert_allclose(tree.scores, np.array(scores, np.float32), rtol=1e-6)
+    assert tree.n_draft <= budget
+
+
+def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op=True):
+    drafter = TrieDrafter(**params, token_limit=token_limit)
+    naive = NaiveTrie(**params)
+    if heap_capacity is not None:  # a tiny candidate heap, so that dropping candidates is exercised
+        drafter._heap_scores = np.empty(heap_capacity, np.float32)
+        drafter._heap_items = np.empty((heap_capacity, 3), np.int32)
+        naive.heap_capacity = heap_capacity
+    n_proposed = 0
+    for op in ops:
+        kind = op[0]
+        if kind == "start":
+            drafter.start(np.array(op[1], np.int32))
+            naive.start(op[1])
+        elif kind == "update":
+            drafter.update(np.array(op[1], np.int32))
+            naive.update(op[1])
+        elif kind == "finish":
+            drafter.finish()
+            naive.finish()
+        elif kind == "warm_up":
+            drafter.warm_up([np.array(s, np.int32) for s in op[1]])
+            naive.warm_up(op[1])
+        elif kind == "propose":
+            context, budget = op[1], op[2]
+            if context is None:
+                if not naive.active or not naive.stream:
+                    continue
+                context = naive.stream
+            tree = drafter.propose(np.array(context, np.int32), budget)
+            assert_same_tree(tree, naive.propose(context, budget), budget)
+            DraftTree.build(tree.tokens, tree.parents, tree.depths)  # a valid tree
+            assert tree.tokens[0] == context[-1]
+            n_proposed += 1
+        if check_every_op or rng.random() < 0.3:
+            assert_same_trie(drafter, naive)
+    drafter.finish()
+    naive.finish()
+    assert_same_trie(drafter, naive)
+    return n_proposed
+
+
+# -- jitted vs naive ------------------------------------------------------------------------------
+@SETTINGS
+@given(st.integers(0, 2**32 - 1))
+def test_trie_matches_naive_hypothesis(seed):
+    rng = np.random.default_rng(seed)
+    vocab, token_limit, params = random_params(rng)
+    run_script(params, token_limit, random_script(rng, vocab, token_limit), rng)
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_trie_matches_naive_seeded(block):
+    n_proposed = 0
+    for seed in range(block * 40, block * 40 + 40):
+        rng = np.random.default_rng(1000 + seed)
+        vocab, token_limit, params = random_params(rng)
+        ops = random_script(rng, vocab, token_limit)
+        n_proposed += run_script(params, token_limit, ops, rng, check_every_op=seed % 2 == 0)
+    assert n_proposed > 50
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_trie_matches_naive_long_requests(seed):
+    """Longer streams in a small pool: many decay rounds, front refreshes and failed allocations."""
+    rng = np.random.default_rng(77 + seed)
+    vocab, token_limit, params = random_params(rng)
+    params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(0, 30))
+    ops = []
+    base = rng.integers(0, vocab, size=20).tolist()
+    for _ in range(3):
+        ops.append(("start", random_tokens(rng, base, vocab, 30)))
+        for _ in range(25):
+            ops.append(("update", random_tokens(rng, base, vocab, int(rng.integers(1, 6)))))
+            ops.append(("propose", None, int(rng.integers(0, 24))))
+        ops.append(("finish",))
+    run_script(params, token_limit, ops, rng, check_every_op=False)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_trie_matches_naive_with_a_full_candidate_heap(seed):
+    """When the candidate heap is full, newcomers are dropped; the naive twin drops the same ones
+    (it offers children in the pool's child-list order)."""
+    rng = np.random.default_rng(500 + seed)
+    vocab, token_limit, params = random_params(rng)
+    params["capacity"] = 400
+    run_script(params, token_limit, random_script(rng, vocab, token_limit), rng,
+               heap_capacity=int(rng.integers(1, 6)), check_every_op=False)
+
+
+@pytest.mark.parametrize("fill", [True, False])
+@pytest.mark.parametrize("layout", ["hierarchical", "single"])
+def test_trie_matches_naive_each_mode(fill, layout):
+    for seed in range(10):
+        rng = np.random.default_rng(9000 + seed)
+        vocab, token_limit, params = random_params(rng)
+        params.update(fill=fill, layout=layout)
+        run_script(params, token_limit, random_script(rng, vocab, token_limit), rng, check_every_op=False)
+
+
+def test_insert_output_and_no_elimination_match_naive():
+    for seed in range(20):
+        rng = np.random.default_rng(4000 + seed)
+        vocab, token_limit, params = random_params(rng)
+        params.update(insert_output=bool(seed % 2), eliminate_prompt=bool(seed % 3))
+        run_script(params, token_limit, random_script(rng, vocab, token_limit), rng, check_every_op=False)
+
+
+def test_insert_prompt_false_counts_no_prompt_branches():
+    """insert_prompt=False: branches that start inside the prompt are never counted, so no PROMPT
+    count may appear (there is no branch elimination to remove one) — also when the pool is full
+    and `extend` rebuilds its front from the stream (which includes the prompt)."""
+    for seed in range(60):
+        rng = np.random.default_rng(7000 + seed)
+        vocab, token_limit, params = random_params(rng)
+        params.update(insert_prompt=False)
+        drafter = TrieDrafter(**params, token_limit=token_limit)
+        naive = NaiveTrie(**params)
+        for op in random_script(rng, vocab, token_limit):
+            if op[0] == "start":
+                drafter.start(np.array(op[1], np.int32)), naive.start(op[1])
+            elif op[0] == "update":
+                drafter.update(np.array(op[1], np.int32)), naive.update(op[1])
+            elif op[0] == "finish":
+                drafter.finish(), naive.finish()
+            elif op[0] == "warm_up":
+                drafter.warm_up([np.array(s, np.int32) for s in op[1]]), naive.warm_up(op[1])
+            drafter.check_integrity()
+            prompt_counts = {p: c for p, c in pool_contents(drafter._state).items() if c[0] != 0}
+            assert not prompt_counts, f"seed {seed}: PROMPT counts with insert_prompt=False: {prompt_counts}"
+            assert pool_contents(drafter._state) == naive_trie_contents(naive), f"seed {seed}"
+
+
+def test_insert_prompt_false_minimal_repro():
+    """The smallest case of the above: a full pool makes extend() refresh its front from the
+    stream, prompt included, so the branch starting at the last prompt token is counted as PROMPT
+    and, with insert_prompt=False, never eliminated (it can never decay either)."""
+    d = TrieDrafter(capacity=9, branch_length=4, insert_prompt=False, token_limit=16)
+    d.warm_up([[1, 2, 1, 2, 1, 2, 1, 2]])  # paths 1, 1-2, 1-2-1, ..., 2, 2-1, ...: 8 nodes, 1 free
+    d.start(np.array([5, 1], np.int32))
+    d.update(np.array([2], np.int32))     # < branch_length free: make_room, front rebuilt from [5, 1]
+    d.finish()
+    d.check_integrity()
+    assert {p: c for p, c in pool_contents(d._state).items() if c[0]} == {}
+
+
+# -- counting from the definition ---------------------------------------------------------------------
+def test_output_counts_persist_and_prompt_counts_are_removed():
+    rng = np.random.default_rng(3)
+    bl = 4
+    d = TrieDrafter(capacity=100_000, branch_length=bl, token_limit=10)
+    requests = []
+    for _ in range(5):
+        prompt = rng.integers(0, 10, size=int(rng.integers(1, 30))).tolist()
+        output = rng.integers(0, 10, size=int(rng.integers(0, 30))).tolist()
+        d.start(np.array(prompt, np.int32))
+        while_running = None
+        for i in range(0, len(output), 3):
+            d.update(np.array(output[i:i + 3], np.int32))
+        d.check_integrity()
+        while_running = pool_contents(d._state)
+        assert any(c[0] > 0 for c in while_running.values())  # the prompt is in the trie
+        d.finish()
+        requests.append((prompt, output))
+        got = pool_contents(d._state)
+        assert got == naive_branch_counts(requests, bl)  # exactly the output branches, every request
+        assert all(c[0] == 0.0 for c in got.values())
+    assert d.n_nodes == len(naive_branch_counts(requests, bl))
+
+
+def test_prompt_branches_counted_while_running():
+    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10)
+    d.start(np.array([1, 2, 3, 1, 2], np.int32))
+    d.update(np.array([4], np.int32))
+    d.check_integrity()
+    got = pool_contents(d._state)
+    # prompt branches: start positions 0..4, 3 tokens each, growing into the output token 4
+    assert got[(1,)] == (2.0, 0.0) and got[(1, 2)] == (2.0, 0.0) and got[(1, 2, 3)] == (1.0, 0.0)
+    assert got[(1, 2, 4)] == (1.0, 0.0) and got[(2, 4)] == (1.0, 0.0)
+    assert got[(4,)] == (0.0, 1.0)
+    d.finish()
+    assert pool_contents(d._state) == {(4,): (0.0, 1.0)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_node_count_never_exceeds_capacity(seed):
+    rng = np.random.default_rng(seed)
+    bl = int(rng.integers(2, 8))
+    cap = 2 * bl + 1 + int(rng.integers(0, 20))
+    d = TrieDrafter(capacity=cap, branch_length=bl, token_limit=50)
+    for _ in range(4):
+        d.start(rng.integers(0, 50, size=int(rng.integers(1, 60))).astype(np.int32))
+        for _ in range(20):
+            d.update(rng.integers(0, 50, size=int(rng.integers(1, 5))).astype(np.int32))
+            assert d.n_nodes <= cap
+            d.check_integrity()
+            d.propose(rng.integers(0, 50, size=5).astype(np.int32), int(rng.integers(0, 20)))
+        d.finish()
+        assert d.n_nodes <= cap
+        d.check_integrity()
+
+
+# -- layouts ----------------------------------------------------------------------------------------
+def _paths(tree: DraftTree):
+    return {tuple(tree.path_tokens(i).tolist()) for i in range(len(tree))}
+
+
+@pytest.mark.parametrize("layout", ["parallel", "single", "hierarchical"])
+@pytest.mark.parametrize("fill", [True, False])
+def test_layouts_give_valid_trees_within_budget(layout, fill):
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        vocab = int(rng.integers(3, 12))
+        base = rng.integers(0, vocab, size=12).tolist()
+        kw = dict(capacity=500, branch_length=int(rng.integers(2, 7)), max_match=int(rng.integers(1, 6)),
+                  min_stage_nodes=int(rng.integers(1, 5)), fill=fill, token_limit=vocab)
+        d = TrieDrafter(layout=layout, **kw)
+        merged = TrieDrafter(layout="hierarchical", **kw)
+        for x in (d, merged):
+            x.warm_up([random_tokens(np.random.default_rng(seed), base, vocab, 60)])
+        for _ in range(10):
+            ctx = np.array(random_tokens(rng, base, vocab, int(rng.integers(1, 8))), np.int32)
+            budget = int(rng.integers(0, 30))
+            tree = d.propose(ctx, budget)
+            DraftTree.build(tree.tokens, tree.parents, tree.depths)
+            assert tree.tokens[0] == ctx[-1] and tree.n_draft <= budget
+            assert tree.tokens.dtype == tree.parents.dtype == tree.depths.dtype == np.int32
+            ref = merged.propose(ctx, budget)
+            ref_paths = _paths(ref)
+            if layout == "parallel":
+                # the merged tree's branches laid side by side, shared prefixes repeated
+                assert _paths(tree) <= ref_paths
+                assert tree.n_draft == min(budget, sum(int(ref.depths[i]) for i in ref.leaves() if i > 0))
+            if layout == "hierarchical":
+                assert len(set(zip(tree.parents.tolist(), tree.tokens.tolist()))) == len(tree)
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_single_layout_is_one_branch(fill):
+    """layout="single" is the paper's single-branch draft: a chain (what a chain-only verifier,
+    e.g. a standard exported ONNX decoder, needs)."""
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        vocab = int(rng.integers(3, 12))
+        base = rng.integers(0, vocab, size=12).tolist()
+        d = TrieDrafter(capacity=500, branch_length=4, max_match=4, layout="single", fill=fill, token_limit=vocab)
+        d.warm_up([random_tokens(rng, base, vocab, 60)])
+        for _ in range(10):
+            ctx = np.array(random_tokens(rng, base, vocab, 6), np.int32)
+            tree = d.propose(ctx, 10)
+            assert tree.is_chain(), f"seed {seed}: {tree}"
+
+
+def test_single_layout_minimal_repro():
+    d = TrieDrafter(capacity=1000, branch_length=4, layout="single", max_match=3, token_limit=16)
+    d.warm_up([[1, 2, 3, 4, 5, 1, 2, 7, 8, 9, 2, 3, 6, 6]])
+    tree = d.propose(np.array([0, 1, 2], np.int32), 10)
+    assert tree.is_chain(), tree  # got tokens [2, 3, 4, 6, 6], parents [-1, 0, 1, 1, 3]
+
+
+def test_retrieval_prefers_the_frequent_continuation_and_scores_are_ratios():
+    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, prompt_weight=1.0)
+    d.warm_up([[1, 2, 3] * 3 + [1, 2, 4]])
+    tree = d.propose(np.array([7, 1, 2], np.int32), 8)
+    # (1,2) seen 4 times, followed by 3 three times, by 4 once
+    assert tree.tokens[:3].tolist() == [2, 3, 4]
+    np.testing.assert_allclose(tree.scores[:3], [1.0, 0.75, 0.25])
+
+
+# -- save / load ------------------------------------------------------------------------------------
+def _busy_drafter(seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    d = TrieDrafter(capacity=kw.pop("capacity", 60), branch_length=4, token_limit=20, **kw)
+    base = rng.integers(0, 20, size=15).tolist()
+    for _ in range(3):
+        d.start(np.array(random_tokens(rng, base, 20, 20), np.int32))
+        d.update(np.array(random_tokens(rng, base, 20, 30), np.int32))
+        d.finish()
+    return d, rng, base
+
+
+def test_save_load_round_trip(tmp_path):
+    d, rng, base = _busy_drafter()
+    path = tmp_path / "trie.npz"
+    d.save(path)
+    e = TrieDrafter.load(path)
+    e.check_integrity()
+    assert pool_contents(e._state) == pool_contents(d._state)
+    assert pool_child_order(e._state) == pool_child_order(d._state)
+    for _ in range(20):
+        ctx = np.array(random_tokens(rng, base, 20, 6), np.int32)
+        a, b = d.propose(ctx, 12), e.propose(ctx, 12)
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        np.testing.assert_array_equal(a.scores, b.scores)
+    # and both keep learning identically
+    for x in (d, e):
+        x.start(np.array(base, np.int32))
+        x.update(np.array(base[::-1], np.int32))
+        x.finish()
+    assert pool_contents(e._state) == pool_contents(d._state)
+
+
+def test_load_takes_options(tmp_path):
+    d, _, _ = _busy_drafter()
+    d.save(tmp_path / "t.npz")
+    e = TrieDrafter.load(tmp_path / "t.npz", layout="single", max_match=3)
+    assert e.layout == "single" and e.max_match == 3 and e.capacity == d.capacity
+
+
+def test_save_load_round_trip_any_file_name(tmp_path):
+    """save(path) then load(path) must work whatever the suffix (np.savez appends '.npz' to a file
+    name without it, so save writes a different file than the one load reads)."""
+    d, _, _ = _busy_drafter()
+    path = tmp_path / "pool.trie"
+    d.save(path)
+    e = TrieDrafter.load(path)
+    assert pool_contents(e._state) == pool_contents(d._state)
+
+
+def test_save_during_a_request_is_refused(tmp_path):
+    d, _, _ = _busy_drafter()
+    d.start(np.array([1, 2], np.int32))
+    with pytest.raises(InputError, match="path"):
+        d.save(tmp_path / "x.npz")
+
+
+def _arrays(tmp_path):
+    d, _, _ = _busy_drafter()
+    d.save(tmp_path / "good.npz")
+    with np.load(tmp_path / "good.npz") as z:
+        return {k: z[k].copy() for k in z.files}
+
+
+def _live(arrays):
+    links = arrays["links"]
+    return np.flatnonzero(links[:, 1] != -2)
+
+
+def _corrupt_cases(a):
+    """name -> arrays dict with one defect."""
+    cases = {}
+
+    def case(name, **changes):
+        b = {k: v.copy() for k, v in a.items()}
+        for k, v in changes.items():
+            if v is None:
+                del b[k]
+            elif callable(v):
+                b[k] = v(b[k])
+            else:
+                b[k] = v
+        cases[name] = b
+
+    live = _live(a)
+    links = a["links"]
+    with_child = [n for n in live if links[n, 2] >= 0]
+    top = [n for n in live if links[n, 1] == -1]
+    node = int(with_child[0])
+    child = int(links[node, 2])
+    free_node = int(np.flatnonzero(links[:, 1] == -2)[0])
+
+    def set_(arr, idx, value):
+        arr[idx] = value
+        return arr
+
+    case("truncated links", links=lambda x: x[:-1])
+    case("truncated free", free=lambda x: x[:-3])
+    case("truncated root", root=lambda x: x[:5])
+    case("links wrong dtype", links=lambda x: x.astype(np.int64))
+    case("freq wrong dtype", freq=lambda x: x.astype(np.float64))
+    case("meta wrong dtype", meta=lambda x: x.astype(np.int32))
+    case("links 1-D", links=lambda x: x.ravel())
+    case("missing freq", freq=None)
+    case("config wrong format", config=np.array([99, 60, 4, 20], np.int64))
+    case("config wrong shape", config=np.array([1, 60, 4], np.int64))
+    case("config wrong dtype", config=np.array([1, 60, 4, 20], np.float64))
+    case("child points to a free node", links=lambda x: set_(x, (node, 2), free_node))
+    case("child points out of the pool", links=lambda x: set_(x, (node, 2), 10_000))
+    case("child's parent is wrong", links=lambda x: set_(x, (child, 1), int(top[-1]) if int(top[-1]) != node else int(top[0])))
+    case("sibling cycle", links=lambda x: set_(x, (child, 3), child))
+    case("child cycle", links=lambda x: set_(x, (child, 2), node))
+    case("root index to a wrong node", root=lambda x: set_(x, int(links[top[0], 0]), child))
+    case("root list loses a node", meta=lambda x: set_(x, 1, int(links[int(x[1]), 3])))
+    case("token out of range", links=lambda x: set_(x, (child, 0), 99))
+    case("negative count", freq=lambda x: set_(x, (node, 1), -1.0))
+    case("NaN count", freq=lambda x: set_(x, (node, 1), np.nan))
+    case("infinite OUTPUT count", freq=lambda x: set_(x, (node, 1), np.inf))
+    case("free list count too big", meta=lambda x: set_(x, 0, x[0] + 1))
+    case("free list count negative", meta=lambda x: set_(x, 0, -1))
+    case("free list holds a live node", free=lambda x: set_(x, 0, node))
+    case("duplicate sibling tokens", links=lambda x: set_(x, (child, 0), int(x[int(x[child, 3]), 0]) if x[child, 3] >= 0 else int(x[child, 0])))
+    return cases
+
+
+def test_corrupt_saved_files_raise_input_error_naming_the_path(tmp_path):
+    a = _arrays(tmp_path)
+    cases = _corrupt_cases(a)
+    assert len(cases) >= 20
+    for name, arrays in cases.items():
+        path = tmp_path / (name.replace(" ", "_").replace("'", "") + ".npz")
+        np.savez(path, **arrays)
+        with pytest.raises(InputError) as info:
+            TrieDrafter.load(path)
+        assert str(path) in str(info.value), (name, str(info.value))
+
+
+def test_duplicate_sibling_case_is_really_a_duplicate(tmp_path):
+    a = _arrays(tmp_path)
+    links = a["links"]
+    assert any(links[int(links[n, 2]), 3] >= 0 for n in _live(a) if links[n, 2] >= 0)
+
+
+def test_infinite_prompt_count_is_refused(tmp_path):
+    """find_corruption's doc: check 5 is 'negative or non-finite count' — PROMPT too."""
+    a = _arrays(tmp_path)
+    a["freq"][_live(a)[0], 0] = np.inf
+    np.savez(tmp_path / "inf.npz", **a)
+    with pytest.raises(InputError, match="inf.npz"):
+        TrieDrafter.load(tmp_path / "inf.npz")
+
+
+def test_garbage_and_pickles_raise_input_error(tmp_path):
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"this is not a numpy file at all" * 20)
+    with pytest.raises(InputError, match="garbage.npz"):
+        TrieDrafter.load(garbage)
+    with pytest.raises(InputError, match="missing.npz"):
+        TrieDrafter.load(tmp_path / "missing.npz")
+    a = _arrays(tmp_path)
+    obj = np.empty(2, object)
+    obj[:] = [{"x": 1}, [2]]
+    a["links"] = obj
+    np.savez(tmp_path / "pickle.npz", **a)
+    with pytest.raises(InputError, match="pickle.npz"):
+        TrieDrafter.load(tmp_path / "pickle.npz")
+
+
+def test_truncated_file_raises_input_error(tmp_path):
+    _arrays(tmp_path)
+    data = (tmp_path / "good.npz").read_bytes()
+    for n in (len(data) // 2, 100, len(data) - 10):
+        path = tmp_path / f"cut{n}.npz"
+        path.write_bytes(data[:n])
+        with pytest.raises(InputError, match=f"cut{n}.npz"):
+            TrieDrafter.load(path)
+
+
+def test_plain_npy_file_raises_input_error(tmp_path):
+    np.save(tmp_path / "array.npy", np.arange(4))
+    with pytest.raises(InputError, match="array.npy"):
+        TrieDrafter.load(tmp_path / "array.npy")
+
+
+@pytest.mark.parametrize("config", [[1, 5, 4, 20], [1, 60, 1, 20], [1, 60, 4, 0], [1, -3, 4, 20]])
+def test_bad_config_in_file_raises_input_error(tmp_path, config):
+    """A saved file's config is data, not a constructor call: InputError naming the file."""
+    a = _arrays(tmp_path)
+    a["config"] = np.array(config, np.int64)
+    np.savez(tmp_path / "cfg.npz", **a)
+    with pytest.raises(InputError, match="cfg.npz"):
+        TrieDrafter.load(tmp_path / "cfg.npz")
+
+
+def test_huge_config_in_file_raises_input_error_without_allocating(tmp_path):
+    a = _arrays(tmp_path)
+    a["config"] = np.array([1, 2**45, 4, 20], np.int64)
+    np.savez(tmp_path / "huge.npz", **a)
+    with pytest.raises(InputError, match="huge.npz"):
+        TrieDrafter.load(tmp_path / "huge.npz")
+
+
+# -- constructor and call checks -----------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(capacity=0), "capacity"),
+    (dict(capacity=24, branch_length=12), "capacity"),
+    (dict(capacity=10.5), "capacity"),
+    (dict(capacity=True), "capacity"),
+    (dict(branch_length=1), "branch_length"),
+    (dict(branch_length="12"), "branch_length"),
+    (dict(max_match=0), "max_match"),
+    (dict(prompt_weight=-1.0), "prompt_weight"),
+    (dict(prompt_weight=float("nan")), "prompt_weight"),
+    (dict(prompt_weight=float("inf")), "prompt_weight"),
+    (dict(prompt_weight="4"), "prompt_weight"),
+    (dict(min_stage_nodes=0), "min_stage_nodes"),
+    (dict(layout="tree"), "layout"),
+    (dict(token_limit=0), "token_limit"),
+    (dict(token_limit=-5), "token_limit"),
+])
+def test_bad_constructor_args_raise_config_error(kwargs, name):
+    with pytest.raises(ConfigError) as info:
+        TrieDrafter(**kwargs)
+    assert str(info.value).startswith(name), str(info.value)
+    assert isinstance(info.value, draftcore.DraftcoreError)
+
+
+def test_bad_calls_raise_input_error():
+    d = TrieDrafter(capacity=100, branch_length=4, token_limit=10)
+    with pytest.raises(InputError, match="tokens"):
+        d.update(np.array([1], np.int32))  # before start
+    with pytest.raises(InputError, match="prompt"):
+        d.start(np.array([], np.int32))
+    with pytest.raises(InputError, match="prompt"):
+        d.start(np.array([1, 10], np.int32))  # outside token_limit
+    with pytest.raises(InputError, match="prompt"):
+        d.start(np.array([1.0, 2.0]))
+    with pytest.raises(InputError, match="prompt"):
+        d.start(np.array([[1, 2]], np.int32))
+    d.start(np.array([1, 2], np.int32))
+    with pytest.raises(InputError, match="tokens"):
+        d.update(np.array([-1], np.int32))
+    with pytest.raises(InputError, match="sequences"):
+        d.warm_up([[1, 2]])
+    assert d.n_nodes == 3  # nothing changed by the refused calls
+    d.check_integrity()
