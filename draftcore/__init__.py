@@ -6,6 +6,7 @@
 The core imports numpy and numba only; backends live in draftcore.adapters.<backend> and import
 their framework when they are imported themselves.
 """
+from .budget import CostAwareBudget, FixedBudget
 from .drafters.trie import TrieDrafter
 from .errors import BackendError, ConfigError, DraftcoreError, InputError
 from .protocols import Drafter, Verifier
@@ -17,6 +18,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "speculate", "speculate_stream", "SpeculationStream", "SpeculateResult", "SpeculateStats",
-    "DraftTree", "Verifier", "Drafter", "TrieDrafter",
+    "DraftTree", "Verifier", "Drafter", "TrieDrafter", "FixedBudget", "CostAwareBudget",
     "DraftcoreError", "ConfigError", "InputError", "BackendError",
 ]

@@ -22,7 +22,9 @@ def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budg
     `verifier` would, drafting with `drafter` (a fresh `TrieDrafter` when None).
 
     prompt: int32 token ids, or a string when the verifier has `encode`.
-    budget: drafted nodes verified per step (an int), or a budget policy object.
+    budget: drafted nodes verified per step: an int (fixed), "auto" (a fresh `CostAwareBudget`:
+        the tree size that maximises expected tokens per second, measured as it runs), or a
+        budget policy object (keep one per deployment so what it measures carries over).
     eos_token_id: an id or a collection of ids that end generation (kept in the output).
     stop_sequences: token-id sequences that end generation once generated (kept in the output).
     """
@@ -132,7 +134,7 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, w
             t3 = time.perf_counter()
 
             n_accepted = path.shape[0] - 1
-            policy.observe(len(tree), t2 - t1, n_accepted)
+            policy.observe(tree, path, t2 - t1)
             stats.steps += 1
             stats.drafted_tokens += tree.n_draft
             stats.record_accept(n_accepted)
