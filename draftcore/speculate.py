@@ -43,7 +43,9 @@ class SpeculationStream:
         self.result: SpeculateResult | None = None
 
     def __iter__(self):
-        self.result = yield from self._generator
+        result = yield from self._generator
+        if result is not None:  # a second iteration finds the generator exhausted: keep the result
+            self.result = result
         return self.result
 
 
@@ -82,7 +84,11 @@ def _eos_ids(eos_token_id, vocab_size) -> np.ndarray:
         return np.zeros(0, np.int32)
     if isinstance(eos_token_id, (int, np.integer)):
         eos_token_id = [eos_token_id]
-    return token_array("eos_token_id", list(eos_token_id), vocab_size, allow_empty=True)
+    try:
+        ids = list(eos_token_id)
+    except TypeError:
+        raise InputError(f"eos_token_id: expected an int token id or a collection of them, got {describe(eos_token_id)}") from None
+    return token_array("eos_token_id", ids, vocab_size, allow_empty=True)
 
 
 def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, was_text):
@@ -120,7 +126,7 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, w
             if request > 0:
                 tree = drafter.propose(context[:n_context], request)
                 if not trusted:
-                    _check_tree(tree, context[n_context - 1], request)
+                    _check_tree(tree, context[n_context - 1], request, verifier.vocab_size)
                 keep = policy.choose(tree)
                 if keep < tree.n_draft:
                     tree = tree.truncated(1 + keep)
@@ -173,9 +179,21 @@ def _apply_stops(emitted, context, n_context, n_prompt, max_new_tokens, eos_ids,
     return emitted, None
 
 
-def _check_tree(tree, root, request) -> None:
+def _check_tree(tree, root, request, vocab_size) -> None:
+    """Full check of a tree from a drafter that is not draftcore's own."""
     if not isinstance(tree, DraftTree):
         raise BackendError(f"drafter.propose: expected a DraftTree, got {describe(tree)}")
+    for name in ("tokens", "parents", "depths"):
+        arr = getattr(tree, name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
+            raise BackendError(f"drafter.propose: tree.{name} must be a non-empty 1-D int32 array, got {describe(arr)}")
+    if not tree.tokens.shape == tree.parents.shape == tree.depths.shape:
+        raise BackendError(f"drafter.propose: tree arrays differ in length: tokens {tree.tokens.shape}, "
+                           f"parents {tree.parents.shape}, depths {tree.depths.shape}")
+    if tree.scores is not None and (not isinstance(tree.scores, np.ndarray) or tree.scores.shape != tree.tokens.shape):
+        raise BackendError(f"drafter.propose: tree.scores must be None or float32[{len(tree.tokens)}], got {describe(tree.scores)}")
+    if tree.tokens.min() < 0 or tree.tokens.max() >= vocab_size:
+        raise BackendError(f"drafter.propose: tree token outside the vocabulary [0, {vocab_size}): {tree.tokens.tolist()}")
     if tree.tokens[0] != root:
         raise BackendError(f"drafter.propose: tree root {int(tree.tokens[0])} is not the last context token {int(root)}")
     if tree.n_draft > request:

@@ -5,7 +5,7 @@ use dicts and lists, walk from the root instead of keeping a `front`, search lin
 keeping heaps and child lists, and share nothing with draftcore but the documented constants.
 
     NaiveTrie            the trie drafter's counting / pruning / elimination / retrieval rules
-    naive_trie_contents  {token path: (PROMPT, OUTPUT)} of a NaiveTrie
+    naive_trie_contents  {token path: (PROMPT, OUTPUT, RECENT)} of a NaiveTrie
     pool_contents        the same mapping read from a TrieDrafter's node-pool arrays
     naive_child_order    {token path: child tokens in the order of the pool's child lists}
     pool_child_order     the same read from the pool
@@ -17,26 +17,25 @@ from __future__ import annotations
 import numpy as np
 
 F32 = np.float32
-HEAP_CAPACITY = 1 << 12  # draftcore.drafters.trie_kernels.HEAP_CAPACITY: most candidates kept at once
+HEAP_CAPACITY = 1 << 12  # draftcore.drafters.trie_kernels.CANDIDATES: most candidates kept at once
+TOP_K = 64              # draftcore.drafters.trie_kernels.TOP_K: stage-0 candidates
 
 
 # -- the trie ---------------------------------------------------------------------------------------
 class Node:
-    """One trie node: children by token (in creation order) and two float32 counts."""
+    """One trie node: children by token (in creation order) and three float32 counts."""
 
-    __slots__ = ("token", "children", "prompt", "output")
+    __slots__ = ("token", "children", "prompt", "output", "recent")
 
     def __init__(self, token: int):
         self.token = token
         self.children: dict[int, Node] = {}
         self.prompt = F32(0.0)
         self.output = F32(0.0)
+        self.recent = F32(0.0)
 
     def total(self):
-        return self.prompt + self.output  # float32 + float32, like the pool
-
-    def weight(self, prompt_weight: float) -> float:
-        return prompt_weight * float(self.prompt) + float(self.output)  # float64, like the kernel
+        return self.prompt + self.output  # float32 + float32, like the pool; RECENT does not count
 
     def listed_children(self) -> list:
         """Children in the order the pool's linked list holds them: newest first."""
@@ -53,13 +52,14 @@ class NaiveTrie:
     propose returns (tokens, parents, depths, scores) as lists; scores are np.float32.
     """
 
-    def __init__(self, capacity: int, branch_length: int, max_match: int = 8, prompt_weight: float = 4.0,
-                 min_stage_nodes: int = 8, fill: bool = True, layout: str = "hierarchical",
-                 insert_prompt: bool = True, insert_output: bool = True, eliminate_prompt: bool = True,
-                 heap_capacity: int = HEAP_CAPACITY):
+    def __init__(self, capacity: int, branch_length: int, max_match: int = 8, prompt_weight: float = 16.0,
+                 recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True, use_top: bool = True,
+                 layout: str = "hierarchical", insert_prompt: bool = True, insert_output: bool = True,
+                 eliminate_prompt: bool = True, heap_capacity: int = HEAP_CAPACITY):
         assert layout in ("hierarchical", "single")
         self.capacity, self.branch_length, self.max_match = capacity, branch_length, max_match
-        self.prompt_weight, self.min_stage_nodes, self.fill = float(prompt_weight), min_stage_nodes, fill
+        self.prompt_weight, self.recent_weight = float(prompt_weight), float(recent_weight)
+        self.min_stage_nodes, self.fill, self.use_top = min_stage_nodes, fill, use_top
         self.single = layout == "single"
         self.insert_prompt, self.insert_output = insert_prompt, insert_output
         self.eliminate_prompt = eliminate_prompt
@@ -93,17 +93,24 @@ class NaiveTrie:
     def finish(self) -> None:
         if not self.active:
             return
-        if self.eliminate_prompt and self.insert_prompt:
-            self._eliminate(self.stream, self.n_prompt)
+        self._end_request(self.stream, self.n_prompt if self.insert_prompt else 0,
+                          keep_prompt=not self.eliminate_prompt)
         self.active = False
         self.stream, self.n_prompt = [], 0
 
     def warm_up(self, sequences) -> None:
+        """Each sequence: a finished request that was all output."""
         for seq in sequences:
-            self._extend([int(t) for t in seq], 0, len(seq), 0)
+            seq = [int(t) for t in seq]
+            self._extend(seq, 0, len(seq), 0)
+            self._end_request(seq, 0, keep_prompt=False)
 
     def node_count(self) -> int:
         return self.n_nodes
+
+    def weight(self, node) -> float:
+        """w = prompt_weight * PROMPT + recent_weight * RECENT + OUTPUT, in float64 like the kernel."""
+        return self.prompt_weight * float(node.prompt) + self.recent_weight * float(node.recent) + float(node.output)
 
     # -- counting ---------------------------------------------------------------------------------
     def find(self, path):
@@ -117,9 +124,11 @@ class NaiveTrie:
 
     def _extend(self, stream, begin, end, n_prompt, first_start=0) -> None:
         """Token p extends every branch that starts at s in (p - branch_length, p]: the node of
-        stream[s..p] gains one count of the branch's kind, if its parent (stream[s..p-1]) exists and
-        a node can be had. Longer branches go first (they get the last free nodes)."""
+        stream[s..p] gains one count of the branch's kind (PROMPT if s is in the prompt, else OUTPUT
+        and RECENT), if its parent (stream[s..p-1]) exists and a node can be had. Longer branches go
+        first (they get the last free nodes)."""
         bl = self.branch_length
+        one = F32(1.0)
         for p in range(begin, end):
             if self.capacity - self.n_nodes < bl:
                 self._make_room(max(bl, self.capacity // 8))
@@ -137,9 +146,10 @@ class NaiveTrie:
                     node = parent.children[token] = Node(token)
                     self.n_nodes += 1
                 if s < n_prompt:
-                    node.prompt = F32(node.prompt + F32(1.0))
+                    node.prompt = F32(node.prompt + one)
                 else:
-                    node.output = F32(node.output + F32(1.0))
+                    node.output = F32(node.output + one)
+                    node.recent = F32(node.recent + one)
 
     def _all_nodes(self):
         stack = list(self.root.children.values())
@@ -149,21 +159,23 @@ class NaiveTrie:
             stack.extend(node.children.values())
 
     def _make_room(self, target: int) -> None:
-        """Halve every OUTPUT count and prune, until `target` nodes are free, at most 64 times;
-        give up early when a pass frees nothing and no OUTPUT count is 1 or more."""
+        """Halve every OUTPUT and RECENT count and prune, until `target` nodes are free, at most 64
+        times; give up early when a pass frees nothing and no OUTPUT count is 1 or more."""
+        half = F32(0.5)
         for _ in range(64):
             if self.capacity - self.n_nodes >= target:
                 return
             largest = 0.0
             for node in self._all_nodes():
-                node.output = F32(node.output * F32(0.5))
+                node.output = F32(node.output * half)
+                node.recent = F32(node.recent * half)
                 largest = max(largest, float(node.output))
             freed = self._prune()
             if freed == 0 and largest < 1.0:
                 return
 
     def _prune(self) -> int:
-        """Free every node whose total count is below 1, with everything below it."""
+        """Free every node whose PROMPT + OUTPUT is below 1, with everything below it."""
         freed = 0
 
         def sweep(node):
@@ -180,60 +192,80 @@ class NaiveTrie:
         self.n_prunes += 1
         return freed
 
-    def _eliminate(self, stream, n_prompt) -> None:
-        """Take one PROMPT count (not below 0) off each node of each prompt branch, then prune."""
-        for s in range(n_prompt):
+    def _end_request(self, stream, n_prompt, keep_prompt) -> None:
+        """Walk every branch of the request: a prompt branch gives back one PROMPT count per node
+        (not below 0; with keep_prompt it becomes an OUTPUT count), every branch zeroes RECENT.
+        Then prune."""
+        for s in range(len(stream)):
             node = self.root
             for q in range(s, min(s + self.branch_length, len(stream))):
                 node = node.children.get(stream[q])
                 if node is None:
                     break
-                node.prompt = F32(max(float(node.prompt) - 1.0, 0.0))
+                if s < n_prompt:
+                    node.prompt = F32(max(float(node.prompt) - 1.0, 0.0))
+                    if keep_prompt:
+                        node.output = F32(node.output + F32(1.0))
+                node.recent = F32(0.0)
         self._prune()
 
     # -- retrieval --------------------------------------------------------------------------------
     def propose(self, context, budget: int):
-        """(tokens, parents, depths, scores) of the draft continuing `context`."""
+        """(tokens, parents, depths, scores) of the draft continuing `context`: stages from the
+        longest matched suffix down to 1 (then 0, the root's heaviest children, with use_top)."""
         context = [int(t) for t in context]
         n = len(context)
         out = _Draft(context[-1])
         fallback = None
-        for m in range(min(self.max_match, n), 0, -1):
+        for m in range(min(self.max_match, n), -1 if self.use_top else 0, -1):
             if len(out.tokens) > budget:
                 break
-            matched = self.find(context[n - m:])
+            matched = self.root if m == 0 else self.find(context[n - m:])
             if matched is None:
                 continue
             if self.fill:
-                self._select(matched, out, budget)
-                continue
-            stage = _Draft(context[-1])
-            self._select(matched, stage, budget)
-            if len(stage.tokens) - 1 >= self.min_stage_nodes:
-                return stage.as_tuple()
-            if len(stage.tokens) > 1 and fallback is None:
-                fallback = stage
+                self._stage(matched, out, budget)
+            else:
+                stage = _Draft(context[-1])
+                self._stage(matched, stage, budget)
+                if len(stage.tokens) - 1 >= self.min_stage_nodes:
+                    return stage.as_tuple()
+                if len(stage.tokens) > 1 and fallback is None:
+                    fallback = stage
+            if self.single and len(out.tokens) > 1:
+                break  # one branch, from one stage
         return (fallback or out).as_tuple()
 
-    def _select(self, matched, out, budget) -> None:
-        """Best-first over the sub-trie below `matched`: score = w(node) / w(matched); ties by
-        (draft parent, token). A node already in the draft (same parent, same token) is reused."""
-        w_matched = matched.weight(self.prompt_weight)
-        if w_matched <= 0.0:
-            return
+    def _stage(self, matched, out, budget) -> None:
+        """Best-first over the sub-trie below `matched`: a child of the matched node scores
+        w(child) / w(matched), a deeper node its parent's score times w(node) / w(parent); ties by
+        (draft parent, token). Stage 0 (matched is the root): the TOP_K heaviest root children,
+        each scored w / (total weight of the root's children). A node already in the draft (same
+        draft parent, same token) is reused."""
         candidates = []  # (score, draft parent, token, trie node)
 
         def order(c):
             return (-c[0], c[1], c[2])  # best first
 
-        def offer(node, draft_parent):
-            score = F32(node.weight(self.prompt_weight) / w_matched)
+        def offer(score, node, draft_parent):
             candidates.append((score, draft_parent, node.token, node))
             if len(candidates) > self.heap_capacity:  # a full list keeps its best
                 candidates.remove(max(candidates, key=order))
 
-        for child in matched.listed_children():
-            offer(child, 0)
+        if matched is self.root:
+            kids = list(self.root.children.values())
+            total = F32(sum(self.weight(c) for c in kids))
+            kids.sort(key=lambda c: (-self.weight(c), c.token))
+            for child in kids[:TOP_K]:
+                if total > 0.0:
+                    offer(F32(F32(self.weight(child)) / total), child, 0)
+        else:
+            w_matched = self.weight(matched)
+            if w_matched <= 0.0:
+                return
+            for child in matched.listed_children():
+                offer(F32(self.weight(child) / w_matched), child, 0)
+
         while candidates and len(out.tokens) <= budget:
             best = min(candidates, key=order)
             candidates.remove(best)
@@ -246,8 +278,11 @@ class NaiveTrie:
                 d = out.add(token, draft_parent, score)
             if self.single:
                 candidates.clear()
+            w_node = self.weight(node)
+            if w_node <= 0.0:
+                continue
             for child in node.listed_children():
-                offer(child, d)
+                offer(F32(float(score) * (self.weight(child) / w_node)), child, d)
 
 
 class _Draft:
@@ -273,13 +308,13 @@ class _Draft:
 
 # -- whole-trie comparisons -----------------------------------------------------------------------
 def naive_trie_contents(trie: NaiveTrie) -> dict:
-    """{token path (tuple): (PROMPT, OUTPUT)} of every node."""
+    """{token path (tuple): (PROMPT, OUTPUT, RECENT)} of every node."""
     out = {}
     stack = [((), trie.root)]
     while stack:
         path, node = stack.pop()
         for token, child in node.children.items():
-            out[path + (token,)] = (float(child.prompt), float(child.output))
+            out[path + (token,)] = (float(child.prompt), float(child.output), float(child.recent))
             stack.append((path + (token,), child))
     return out
 
@@ -298,7 +333,8 @@ def naive_child_order(trie: NaiveTrie) -> dict:
 
 
 def _pool_walk(state):
-    """Yield (path, node, child list) over a node pool (links, freq, free, root, meta, front)."""
+    """Yield (path, node, child list) over a node pool (drafter._state: links, freq, free, root,
+    meta, ...), root first (node -1, path ())."""
     from draftcore.drafters.trie_kernels import CHILD, ROOT_FIRST, SIBLING, TOKEN
     links, meta = state[0], state[4]
     capacity = links.shape[0]
@@ -321,20 +357,23 @@ def _pool_walk(state):
 
 
 def pool_contents(state) -> dict:
-    """{token path: (PROMPT, OUTPUT)} read from a pool's arrays (drafter._state)."""
+    """{token path: (PROMPT, OUTPUT, RECENT)} read from a pool's arrays (drafter._state)."""
+    from draftcore.drafters.trie_kernels import OUTPUT, PROMPT, RECENT
     freq = state[1]
-    return {path: (float(freq[node, 0]), float(freq[node, 1]))
+    return {path: (float(freq[node, PROMPT]), float(freq[node, OUTPUT]), float(freq[node, RECENT]))
             for path, node, _ in _pool_walk(state) if node >= 0}
 
 
 def pool_child_order(state) -> dict:
+    from draftcore.drafters.trie_kernels import TOKEN
     links = state[0]
-    return {path: tuple(int(links[c, 0]) for c in kids) for path, _, kids in _pool_walk(state) if kids}
+    return {path: tuple(int(links[c, TOKEN]) for c in kids) for path, _, kids in _pool_walk(state) if kids}
 
 
-def naive_branch_counts(requests, branch_length: int, insert_prompt: bool = True) -> dict:
-    """{path: (PROMPT, OUTPUT)} from the definition, for (prompt, output) requests, none running,
-    no pruning: OUTPUT = number of branches that start in an output and pass through the path."""
+def naive_branch_counts(requests, branch_length: int) -> dict:
+    """{path: (PROMPT, OUTPUT, RECENT)} from the definition after (prompt, output) requests, none
+    running, nothing pruned: OUTPUT = the number of branches that start in an output and pass
+    through the path; prompt branches are gone and RECENT is zero."""
     counts = {}
     for prompt, output in requests:
         stream = list(prompt) + list(output)
@@ -342,7 +381,7 @@ def naive_branch_counts(requests, branch_length: int, insert_prompt: bool = True
             for e in range(s + 1, min(s + branch_length, len(stream)) + 1):
                 key = tuple(stream[s:e])
                 counts[key] = counts.get(key, 0) + 1
-    return {k: (0.0, float(v)) for k, v in counts.items()}
+    return {k: (0.0, float(v), 0.0) for k, v in counts.items()}
 
 
 # -- acceptance -----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Random request scripts (several requests in a row: start → updates in random chunks with proposals
 at random points → finish, tiny pools so pruning happens all the time) run on TrieDrafter and on
-NaiveTrie; after every operation the whole trie (every token path with its two counts, and the
+NaiveTrie; after every operation the whole trie (every token path with its three counts, and the
 order of every child list) and every proposed tree must be identical, and the pool must pass
 check_integrity().
 """
@@ -18,7 +18,7 @@ from draftcore import ConfigError, DraftTree, InputError, TrieDrafter
 from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_trie_contents, pool_child_order,
                    pool_contents)
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 N_PRUNES = 2  # meta[N_PRUNES]: prune passes so far
 
@@ -31,9 +31,11 @@ def random_params(rng, layouts=("hierarchical", "single")):
         capacity=int(2 * bl + 1 + rng.choice([0, 3, 10, 40, 300])),
         branch_length=bl,
         max_match=int(rng.integers(1, 10)),
-        prompt_weight=float(rng.choice([0.0, 0.5, 1.0, 4.0])),
+        prompt_weight=float(rng.choice([0.0, 0.5, 1.0, 4.0, 16.0])),  # dyadic: sums are exact in float32
+        recent_weight=float(rng.choice([0.0, 0.5, 1.0, 16.0])),
         min_stage_nodes=int(rng.integers(1, 9)),
         fill=bool(rng.random() < 0.5),
+        use_top=bool(rng.random() < 0.5),
         layout=str(rng.choice(layouts)),
     )
     token_limit = vocab if rng.random() < 0.5 else vocab + int(rng.integers(1, 50))
@@ -102,8 +104,8 @@ def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op
     drafter = TrieDrafter(**params, token_limit=token_limit)
     naive = NaiveTrie(**params)
     if heap_capacity is not None:  # a tiny candidate heap, so that dropping candidates is exercised
-        drafter._heap_scores = np.empty(heap_capacity, np.float32)
-        drafter._heap_items = np.empty((heap_capacity, 3), np.int32)
+        drafter._cand_scores = np.empty(heap_capacity, np.float32)
+        drafter._cand_items = np.empty((heap_capacity, 3), np.int32)
         naive.heap_capacity = heap_capacity
     n_proposed = 0
     for op in ops:
@@ -177,12 +179,11 @@ def test_trie_matches_naive_long_requests(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_trie_matches_naive_with_a_full_candidate_heap(seed):
-    """When the candidate heap is full, newcomers are dropped; the naive twin drops the same ones
-    (it offers children in the pool's child-list order)."""
+def test_trie_matches_naive_with_a_full_candidate_list(seed):
+    """A full candidate list keeps its best candidates (one stage at a time: paper mode)."""
     rng = np.random.default_rng(500 + seed)
     vocab, token_limit, params = random_params(rng)
-    params["capacity"] = 400
+    params.update(capacity=400, fill=False)
     run_script(params, token_limit, random_script(rng, vocab, token_limit), rng,
                heap_capacity=int(rng.integers(1, 6)), check_every_op=False)
 
@@ -263,7 +264,7 @@ def test_output_counts_persist_and_prompt_counts_are_removed():
         requests.append((prompt, output))
         got = pool_contents(d._state)
         assert got == naive_branch_counts(requests, bl)  # exactly the output branches, every request
-        assert all(c[0] == 0.0 for c in got.values())
+        assert all(c[0] == 0.0 and c[2] == 0.0 for c in got.values())
     assert d.n_nodes == len(naive_branch_counts(requests, bl))
 
 
@@ -274,11 +275,51 @@ def test_prompt_branches_counted_while_running():
     d.check_integrity()
     got = pool_contents(d._state)
     # prompt branches: start positions 0..4, 3 tokens each, growing into the output token 4
-    assert got[(1,)] == (2.0, 0.0) and got[(1, 2)] == (2.0, 0.0) and got[(1, 2, 3)] == (1.0, 0.0)
-    assert got[(1, 2, 4)] == (1.0, 0.0) and got[(2, 4)] == (1.0, 0.0)
-    assert got[(4,)] == (0.0, 1.0)
+    assert got[(1,)] == (2.0, 0.0, 0.0) and got[(1, 2)] == (2.0, 0.0, 0.0) and got[(1, 2, 3)] == (1.0, 0.0, 0.0)
+    assert got[(1, 2, 4)] == (1.0, 0.0, 0.0) and got[(2, 4)] == (1.0, 0.0, 0.0)
+    assert got[(4,)] == (0.0, 1.0, 1.0)  # OUTPUT, and RECENT while the request runs
     d.finish()
-    assert pool_contents(d._state) == {(4,): (0.0, 1.0)}
+    assert pool_contents(d._state) == {(4,): (0.0, 1.0, 0.0)}
+
+
+def test_recent_counts_follow_the_running_request():
+    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10)
+    d.warm_up([[1, 2, 3]])
+    d.start(np.array([5], np.int32))
+    d.update(np.array([1, 2, 4], np.int32))
+    d.check_integrity()
+    got = pool_contents(d._state)
+    assert got[(1,)] == (0.0, 2.0, 1.0) and got[(1, 2)] == (0.0, 2.0, 1.0) and got[(1, 2, 3)] == (0.0, 1.0, 0.0)
+    assert got[(1, 2, 4)] == (0.0, 1.0, 1.0) and got[(5, 1)] == (1.0, 0.0, 0.0)
+    d.finish()
+    got = pool_contents(d._state)
+    assert all(c[2] == 0.0 for c in got.values()) and (5,) not in got
+    assert got[(1, 2)] == (0.0, 2.0, 0.0)
+
+
+def test_without_elimination_prompt_counts_become_output_counts():
+    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, eliminate_prompt=False)
+    d.start(np.array([1, 2, 3], np.int32))
+    d.update(np.array([4], np.int32))
+    d.finish()
+    assert pool_contents(d._state) == naive_branch_counts([([], [1, 2, 3, 4])], 3)
+
+
+def test_stage_zero_drafts_the_most_frequent_tokens():
+    d = TrieDrafter(capacity=1000, branch_length=2, token_limit=10, use_top=True, prompt_weight=1.0)
+    d.warm_up([[1, 1, 1, 2, 2, 3]])
+    tree = d.propose(np.array([9], np.int32), 2)  # 9 was never seen: only stage 0 offers anything
+    assert tree.tokens.tolist() == [9, 1, 2] and tree.parents.tolist() == [-1, 0, 0]
+    np.testing.assert_allclose(tree.scores, [1.0, 3 / 6, 2 / 6], rtol=1e-6)
+    d2 = TrieDrafter(capacity=1000, branch_length=2, token_limit=10, use_top=False)
+    d2.warm_up([[1, 1, 1, 2, 2, 3]])
+    assert len(d2.propose(np.array([9], np.int32), 2)) == 1
+
+
+def test_paper_configuration():
+    d = TrieDrafter.paper(capacity=100)
+    assert (d.branch_length, d.fill, d.use_top, d.recent_weight) == (12, False, False, 0.0)
+    assert d.capacity == 100
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -357,6 +398,28 @@ def test_single_layout_minimal_repro():
     assert tree.is_chain(), tree  # got tokens [2, 3, 4, 6, 6], parents [-1, 0, 1, 1, 3]
 
 
+def test_equal_scores_are_ordered_by_token():
+    """(11, 2) and (11, 15) both score 4/9: the tie goes to the smaller token. (A candidate's score
+    must be rounded to float32 before it is compared with the float32 scores already listed.)"""
+    d = TrieDrafter(capacity=1000, branch_length=2, token_limit=16, fill=False, use_top=False, min_stage_nodes=1)
+    d.warm_up([[11, 2]] * 4 + [[11, 15]] * 4 + [[11]])
+    tree = d.propose(np.array([11], np.int32), 1)
+    assert tree.tokens.tolist() == [11, 2], tree
+    tree = d.propose(np.array([11], np.int32), 2)
+    assert tree.tokens.tolist() == [11, 2, 15], tree
+
+
+def test_a_candidate_dropped_for_lack_of_room_is_missed_after_a_merge():
+    """fill: stage (X, Y) drafts A; stage (Y) offers A (0.6) and B (0.4) with room for one more
+    node, so B is dropped from the candidate list; A then merges into the existing node (using no
+    room) and its child C (0.2) is drafted instead of B, against the best-first rule."""
+    X, Y, A, B, C = 1, 2, 3, 4, 5
+    d = TrieDrafter(capacity=100, branch_length=3, max_match=2, token_limit=8, fill=True, use_top=False)
+    d.warm_up([[X, Y, A], [Y, A, C], [Y, A], [Y, B], [Y, B]])
+    tree = d.propose(np.array([X, Y], np.int32), 2)
+    assert tree.tokens.tolist() == [Y, A, B] and tree.parents.tolist() == [-1, 0, 0], tree
+
+
 def test_retrieval_prefers_the_frequent_continuation_and_scores_are_ratios():
     d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, prompt_weight=1.0)
     d.warm_up([[1, 2, 3] * 3 + [1, 2, 4]])
@@ -370,11 +433,13 @@ def test_retrieval_prefers_the_frequent_continuation_and_scores_are_ratios():
 def _busy_drafter(seed=0, **kw):
     rng = np.random.default_rng(seed)
     d = TrieDrafter(capacity=kw.pop("capacity", 60), branch_length=4, token_limit=20, **kw)
+    d.warm_up([[1, 2, 3, 1, 2, 4, 1, 5]])  # node (1,) has children 2, 5; node (1, 2) has 3, 4
     base = rng.integers(0, 20, size=15).tolist()
     for _ in range(3):
         d.start(np.array(random_tokens(rng, base, 20, 20), np.int32))
         d.update(np.array(random_tokens(rng, base, 20, 30), np.int32))
         d.finish()
+    d.check_integrity()
     return d, rng, base
 
 
@@ -424,15 +489,22 @@ def test_save_during_a_request_is_refused(tmp_path):
 
 
 def _arrays(tmp_path):
-    d, _, _ = _busy_drafter()
+    d = TrieDrafter(capacity=60, branch_length=4, token_limit=20)
+    d.warm_up([[1, 2, 3, 1, 2, 4, 1, 5], [6, 7]])  # node (1,) has children 2, 5; node (1, 2) has 3, 4
     d.save(tmp_path / "good.npz")
     with np.load(tmp_path / "good.npz") as z:
         return {k: z[k].copy() for k in z.files}
 
 
-def _live(arrays):
-    links = arrays["links"]
-    return np.flatnonzero(links[:, 1] != -2)
+def _node_of(arrays, path):
+    links, root = arrays["links"], arrays["root"]
+    node = int(root[path[0]])
+    for t in path[1:]:
+        c = int(links[node, 2])
+        while int(links[c, 0]) != t:
+            c = int(links[c, 3])
+        node = c
+    return node
 
 
 def _corrupt_cases(a):
@@ -450,17 +522,15 @@ def _corrupt_cases(a):
                 b[k] = v
         cases[name] = b
 
-    live = _live(a)
-    links = a["links"]
-    with_child = [n for n in live if links[n, 2] >= 0]
-    top = [n for n in live if links[n, 1] == -1]
-    node = int(with_child[0])
-    child = int(links[node, 2])
-    free_node = int(np.flatnonzero(links[:, 1] == -2)[0])
-
     def set_(arr, idx, value):
         arr[idx] = value
         return arr
+
+    node = _node_of(a, [1, 2])     # children 3 and 4
+    child = _node_of(a, [1, 2, 4])
+    other = _node_of(a, [1, 2, 3])
+    top = _node_of(a, [6])
+    free_node = int(np.flatnonzero(a["links"][:, 1] == -2)[0])
 
     case("truncated links", links=lambda x: x[:-1])
     case("truncated free", free=lambda x: x[:-3])
@@ -475,19 +545,25 @@ def _corrupt_cases(a):
     case("config wrong dtype", config=np.array([1, 60, 4, 20], np.float64))
     case("child points to a free node", links=lambda x: set_(x, (node, 2), free_node))
     case("child points out of the pool", links=lambda x: set_(x, (node, 2), 10_000))
-    case("child's parent is wrong", links=lambda x: set_(x, (child, 1), int(top[-1]) if int(top[-1]) != node else int(top[0])))
-    case("sibling cycle", links=lambda x: set_(x, (child, 3), child))
+    case("child's parent is wrong", links=lambda x: set_(x, (child, 1), top))
+    case("sibling cycle", links=lambda x: set_(x, (other, 3), child) if x[child, 3] == other else set_(x, (child, 3), other))
+    case("self sibling", links=lambda x: set_(x, (child, 3), child))
     case("child cycle", links=lambda x: set_(x, (child, 2), node))
-    case("root index to a wrong node", root=lambda x: set_(x, int(links[top[0], 0]), child))
-    case("root list loses a node", meta=lambda x: set_(x, 1, int(links[int(x[1]), 3])))
+    case("root index to a wrong node", root=lambda x: set_(x, 1, top))
+    case("root index to a missing node", root=lambda x: set_(x, 9, free_node))
+    case("root list loses a node", meta=lambda x: set_(x, 1, int(a["links"][int(x[1]), 3])))
     case("token out of range", links=lambda x: set_(x, (child, 0), 99))
     case("negative count", freq=lambda x: set_(x, (node, 1), -1.0))
     case("NaN count", freq=lambda x: set_(x, (node, 1), np.nan))
     case("infinite OUTPUT count", freq=lambda x: set_(x, (node, 1), np.inf))
+    case("infinite PROMPT count", freq=lambda x: set_(x, (node, 0), np.inf))
+    case("RECENT above OUTPUT", freq=lambda x: set_(x, (node, 2), x[node, 1] + 1))
+    case("RECENT left over from a request", freq=lambda x: set_(set_(x, (node, 1), x[node, 1] + 1), (node, 2), 1.0))
+    case("freq without RECENT", freq=lambda x: x[:, :2].copy())
     case("free list count too big", meta=lambda x: set_(x, 0, x[0] + 1))
     case("free list count negative", meta=lambda x: set_(x, 0, -1))
     case("free list holds a live node", free=lambda x: set_(x, 0, node))
-    case("duplicate sibling tokens", links=lambda x: set_(x, (child, 0), int(x[int(x[child, 3]), 0]) if x[child, 3] >= 0 else int(x[child, 0])))
+    case("duplicate sibling tokens", links=lambda x: set_(x, (child, 0), 3))
     return cases
 
 
@@ -495,27 +571,22 @@ def test_corrupt_saved_files_raise_input_error_naming_the_path(tmp_path):
     a = _arrays(tmp_path)
     cases = _corrupt_cases(a)
     assert len(cases) >= 20
-    for name, arrays in cases.items():
-        path = tmp_path / (name.replace(" ", "_").replace("'", "") + ".npz")
+    wrong = []
+    for i, (name, arrays) in enumerate(cases.items()):
+        path = tmp_path / f"case{i}.npz"
         np.savez(path, **arrays)
-        with pytest.raises(InputError) as info:
+        try:
             TrieDrafter.load(path)
-        assert str(path) in str(info.value), (name, str(info.value))
-
-
-def test_duplicate_sibling_case_is_really_a_duplicate(tmp_path):
-    a = _arrays(tmp_path)
-    links = a["links"]
-    assert any(links[int(links[n, 2]), 3] >= 0 for n in _live(a) if links[n, 2] >= 0)
-
-
-def test_infinite_prompt_count_is_refused(tmp_path):
-    """find_corruption's doc: check 5 is 'negative or non-finite count' — PROMPT too."""
-    a = _arrays(tmp_path)
-    a["freq"][_live(a)[0], 0] = np.inf
-    np.savez(tmp_path / "inf.npz", **a)
-    with pytest.raises(InputError, match="inf.npz"):
-        TrieDrafter.load(tmp_path / "inf.npz")
+            wrong.append(f"{name}: loaded")
+        except InputError as exc:
+            if str(path) not in str(exc):
+                wrong.append(f"{name}: message does not name the path: {exc}")
+        except Exception as exc:  # noqa: BLE001 - anything else is a wrong answer
+            wrong.append(f"{name}: {type(exc).__name__}: {exc}")
+    assert not wrong, wrong
+    # the untouched arrays load fine
+    np.savez(tmp_path / "same.npz", **a)
+    TrieDrafter.load(tmp_path / "same.npz").check_integrity()
 
 
 def test_garbage_and_pickles_raise_input_error(tmp_path):
@@ -577,6 +648,8 @@ def test_huge_config_in_file_raises_input_error_without_allocating(tmp_path):
     (dict(branch_length=1), "branch_length"),
     (dict(branch_length="12"), "branch_length"),
     (dict(max_match=0), "max_match"),
+    (dict(recent_weight=-0.5), "recent_weight"),
+    (dict(recent_weight=float("nan")), "recent_weight"),
     (dict(prompt_weight=-1.0), "prompt_weight"),
     (dict(prompt_weight=float("nan")), "prompt_weight"),
     (dict(prompt_weight=float("inf")), "prompt_weight"),

