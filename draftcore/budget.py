@@ -48,8 +48,9 @@ class CostAwareBudget:
     is calibrated against what was really accepted, per score bin; the expected number of accepted
     drafted tokens of a best-first prefix of k nodes is the sum of their calibrated probabilities.
 
-    Every `explore_every` steps it verifies the size whose cost was measured longest ago instead,
-    so one slow measurement (a page fault, another process) cannot stick forever.
+    Every `explore_every` steps it verifies a neighbouring size instead (one bucket bigger or
+    smaller than its choice), so one slow measurement (a page fault, another process) cannot
+    stick forever and a better size nearby gets found.
 
         parameter      default  meaning
         max_nodes      64       most drafted nodes ever verified
@@ -70,7 +71,6 @@ class CostAwareBudget:
         n_buckets = int(np.ceil(np.log2(self.max_nodes + 1))) + 1
         self._bucket_size = 2 ** np.arange(n_buckets)      # bucket b holds sizes (2^(b-1), 2^b]
         self._cost = np.full(n_buckets, np.nan)             # seconds per verify, by bucket
-        self._measured_at = np.full(n_buckets, -1)          # step of each bucket's last measurement
         self.explore_every = positive_int("explore_every", explore_every)
         self._step = 0
         # Calibration counts per score bin, with a weak prior that the score is right.
@@ -86,21 +86,23 @@ class CostAwareBudget:
         n_draft = min(tree.n_draft, self.max_nodes)
         if n_draft == 0 or np.isnan(self._cost[0]):
             return 0  # first measure what a plain step costs
-        if self._step % self.explore_every == self.explore_every - 1:
-            usable = self._bucket_size <= n_draft + 1
-            stalest = int(np.argmin(np.where(usable, self._measured_at, np.iinfo(np.int64).max)))
-            return int(self._bucket_size[stalest]) - 1
         p = self._calibrated(tree)[1:n_draft + 1]
         gain = 1.0 + np.concatenate(([0.0], np.cumsum(p)))          # expected tokens, k = 0..n_draft
         cost = self.cost(np.arange(1, n_draft + 2))                  # nodes verified = k + 1
-        return int(np.argmax(gain / cost))
+        best = int(np.argmax(gain / cost))
+        if self._step % self.explore_every == self.explore_every - 1:
+            # Re-measure a neighbouring size (one bucket up or down, alternately): local, so the
+            # exploration itself stays cheap where big trees are expensive.
+            b = self._bucket(best + 1) + (1 if (self._step // self.explore_every) % 2 == 0 else -1)
+            if 0 <= b < len(self._bucket_size) and self._bucket_size[b] <= n_draft + 1:
+                return int(self._bucket_size[b]) - 1
+        return best
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         self._step += 1
         b = self._bucket(len(tree))
         old = self._cost[b]
         self._cost[b] = seconds if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * seconds
-        self._measured_at[b] = self._step
         if tree.n_draft:
             bins = self._score_bins(tree)[1:]
             accepted = np.zeros(len(tree), bool)
