@@ -10,7 +10,7 @@ from .acceptance import greedy_accept
 from .budget import as_budget_policy
 from .errors import BackendError, ConfigError, InputError, describe
 from .result import SpeculateResult, SpeculateStats
-from .tree import DraftTree, _first_bad_node
+from .tree import DraftTree
 from .validate import positive_int, token_array
 
 DEFAULT_BUDGET = 16
@@ -183,23 +183,14 @@ def _check_tree(tree, root, request, vocab_size) -> None:
     """Full check of a tree from a drafter that is not draftcore's own."""
     if not isinstance(tree, DraftTree):
         raise BackendError(f"drafter.propose: expected a DraftTree, got {describe(tree)}")
-    for name in ("tokens", "parents", "depths"):
-        arr = getattr(tree, name)
-        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
-            raise BackendError(f"drafter.propose: tree.{name} must be a non-empty 1-D int32 array, got {describe(arr)}")
-    if not tree.tokens.shape == tree.parents.shape == tree.depths.shape:
-        raise BackendError(f"drafter.propose: tree arrays differ in length: tokens {tree.tokens.shape}, "
-                           f"parents {tree.parents.shape}, depths {tree.depths.shape}")
-    if tree.scores is not None and (not isinstance(tree.scores, np.ndarray) or tree.scores.shape != tree.tokens.shape):
-        raise BackendError(f"drafter.propose: tree.scores must be None or float32[{len(tree.tokens)}], got {describe(tree.scores)}")
-    if tree.tokens.min() < 0 or tree.tokens.max() >= vocab_size:
-        raise BackendError(f"drafter.propose: tree token outside the vocabulary [0, {vocab_size}): {tree.tokens.tolist()}")
+    try:
+        tree.check(vocab_size)
+    except InputError as exc:
+        raise BackendError(f"drafter.propose: returned a malformed tree: {exc}") from None
     if tree.tokens[0] != root:
         raise BackendError(f"drafter.propose: tree root {int(tree.tokens[0])} is not the last context token {int(root)}")
     if tree.n_draft > request:
         raise BackendError(f"drafter.propose: returned {tree.n_draft} drafted nodes, more than the budget {request}")
-    if _first_bad_node(tree.parents, tree.depths) >= 0:
-        raise BackendError(f"drafter.propose: malformed tree {tree!r}")
 
 
 def _checked_argmax(out, n, vocab_size) -> np.ndarray:

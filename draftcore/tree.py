@@ -74,13 +74,33 @@ class DraftTree:
         depths = _int32_vector("depths", depths)
         if depths.shape != tokens.shape:
             raise InputError(f"depths: expected shape {tokens.shape} like tokens, got {depths.shape}")
-        bad = _first_bad_node(parents, depths)
+        tree = DraftTree(tokens, parents, depths)
+        tree.check()
+        return tree
+
+    def check(self, vocab_size: int | None = None) -> None:
+        """Raise InputError unless the arrays are well formed: 1-D int32 of one length n >= 1,
+        the tree invariants hold, tokens lie in [0, vocab_size), scores is None or float[n].
+        For trees from outside draftcore (a custom drafter); draftcore's own are valid by build."""
+        for name in ("tokens", "parents", "depths"):
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
+                raise InputError(f"tree.{name}: expected a non-empty 1-D int32 array, got {describe(arr)}")
+        if not self.tokens.shape == self.parents.shape == self.depths.shape:
+            raise InputError(f"tree: arrays differ in length: tokens {self.tokens.shape}, parents "
+                             f"{self.parents.shape}, depths {self.depths.shape}")
+        if self.scores is not None and (not isinstance(self.scores, np.ndarray) or self.scores.shape != self.tokens.shape
+                                        or not np.issubdtype(self.scores.dtype, np.floating)):
+            raise InputError(f"tree.scores: expected None or float32[{len(self.tokens)}], got {describe(self.scores)}")
+        upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
+        if self.tokens.min() < 0 or self.tokens.max() >= upper:
+            raise InputError(f"tree.tokens: token id outside the vocabulary [0, {upper}): {self.tokens.tolist()}")
+        bad = _first_bad_node(self.parents, self.depths)
         if bad >= 0:
             raise InputError(
-                f"parents/depths: node {bad} breaks the tree invariants (parents[0] == -1, "
+                f"tree.parents/depths: node {bad} breaks the tree invariants (parents[0] == -1, "
                 f"0 <= parents[i] < i, depths[i] == depths[parents[i]] + 1): "
-                f"parent={int(parents[bad])}, depth={int(depths[bad])}")
-        return DraftTree(tokens, parents, depths)
+                f"parent={int(self.parents[bad])}, depth={int(self.depths[bad])}")
 
     @staticmethod
     def root_only(root: int) -> "DraftTree":

@@ -41,7 +41,7 @@ class HFVerifier:
         device and dtype are used as they are; inputs and masks follow them).
     max_context: the most tokens the cache may hold; default config.max_position_embeddings, capped
         at the sliding window for models with sliding-window layers (the tree mask replaces the
-        model's own mask, so windows longer than the context never matter).
+        model's own and applies no window: the two agree only while the context fits the window).
     self_check: run one branching tree through the model at construction and compare with plain
         forwards; raise BackendError if the model ignores the tree mask (see selfcheck.py).
     tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
