@@ -2,6 +2,7 @@
 
     import draftcore
     result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=128)
+    result = draftcore.speculate(verifier, prompt_ids, sampling=dict(temperature=0.7, top_p=0.9, seed=0))
 
 The core imports numpy and numba only; backends live in draftcore.adapters.<backend> and import
 their framework when they are imported themselves.
@@ -11,6 +12,7 @@ from .drafters.trie import TrieDrafter
 from .errors import BackendError, ConfigError, DraftcoreError, InputError
 from .protocols import Drafter, Verifier
 from .result import SpeculateResult, SpeculateStats
+from .sampling import SamplingParams
 from .speculate import SpeculationStream, speculate, speculate_stream
 from .tree import DraftTree
 
@@ -18,6 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "speculate", "speculate_stream", "SpeculationStream", "SpeculateResult", "SpeculateStats",
-    "DraftTree", "Verifier", "Drafter", "TrieDrafter", "FixedBudget", "CostAwareBudget",
+    "SamplingParams", "DraftTree", "Verifier", "Drafter", "TrieDrafter", "FixedBudget", "CostAwareBudget",
     "DraftcoreError", "ConfigError", "InputError", "BackendError",
 ]

@@ -1,8 +1,17 @@
-"""Greedy acceptance: the longest root-to-node path the model agrees with, plus the model's token.
+"""Acceptance: which root-to-node path of a verified tree is kept, and the model's next token.
 
-Walk from the root; at node u the model's token is argmax(out[u]); move to the child of u holding
-that token, else stop. The emitted tokens are the path's drafted tokens plus argmax at the last node,
-so every step emits at least one token (the model's own).
+Greedy: walk from the root; at node u the model's token is argmax(out[u]); move to the child of u
+holding that token, else stop. The emitted tokens are the path's drafted tokens plus argmax at the
+last node, so every step emits at least one token (the model's own).
+
+Sampling (exact for deterministic drafts; seed 002 Alg. 4, seed 004 §3.2): at node u, with p the
+processed distribution of u's own prefix, try u's children c in tree order: accept c with
+probability p(c) / (mass left); on rejection remove p(c) from the mass. If no child is accepted the
+next token is drawn from what is left of p (a reached leaf draws from its whole p). Why it is exact:
+the token emitted after u's prefix is c_1 with probability p(c_1), c_2 with (1 - p(c_1)) ·
+p(c_2) / (1 - p(c_1)) = p(c_2), ..., and any other token t with (1 - Σ p(c)) · p(t) / (1 - Σ p(c))
+= p(t): exactly p, whatever the drafter proposed (duplicate children get probability 0 once their
+token's mass is gone). Below an accepted child the same argument runs on the child's own p.
 """
 import numba as nb
 import numpy as np
@@ -33,3 +42,58 @@ def greedy_accept(tokens, parents, model_tokens):
         n_path += 1
         u = child
     return path[:n_path], model_tokens[u]
+
+
+@nb.njit(cache=True)
+def sample_accept(tokens, parents, probs, uniforms):
+    """Return (path int32[k], root first; next_token int) for one verified tree, sampling exactly.
+
+    tokens, parents: the tree (int32[n]); probs: float32[n, vocab], row i the processed distribution
+    after node i's prefix (rows need not be normalised: any non-negative weights); uniforms:
+    float64[n], independent U[0, 1) draws — one per child tried (at most n - 1) plus the final draw.
+    The same uniforms give the same result, so a seeded generator reproduces a run.
+    """
+    n, vocab = probs.shape
+    path = np.empty(n, np.int32)
+    path[0] = 0
+    n_path = 1
+    i_draw = 0
+    u = 0
+    left = np.empty(vocab, np.float64)  # what is left of p at u after rejections
+    while True:
+        mass = 0.0
+        for v in range(vocab):
+            left[v] = probs[u, v]
+            mass += left[v]
+        child = -1
+        for c in range(u + 1, n):
+            if parents[c] != u:
+                continue
+            pc = left[tokens[c]]
+            r = uniforms[i_draw]
+            i_draw += 1
+            if r * mass < pc:  # accept with probability pc / mass
+                child = c
+                break
+            left[tokens[c]] = 0.0
+            mass -= pc
+        if child < 0:
+            break
+        path[n_path] = child
+        n_path += 1
+        u = child
+    # No child accepted: draw from what is left (inverse CDF over the vocabulary).
+    target = uniforms[i_draw] * mass
+    acc = 0.0
+    last = -1
+    for v in range(vocab):
+        if left[v] > 0.0:
+            acc += left[v]
+            last = v
+            if acc > target:
+                return path[:n_path], v
+    if last < 0:
+        # Every token with mass was drafted and rejected: probability 0 in exact arithmetic, reached
+        # only through rounding in `mass`. Fall back to u's most likely token.
+        last = np.argmax(probs[u])
+    return path[:n_path], last

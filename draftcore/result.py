@@ -67,9 +67,11 @@ class SpeculateStats:
 @dataclass
 class SpeculateResult:
     """tokens: int32[k] generated ids (the prompt excluded); stop_reason: "eos", "stop_sequence",
-    "max_new_tokens" or "max_context"; text: decoded output when the verifier can decode."""
+    "max_new_tokens" or "max_context"; text: decoded output when the verifier can decode;
+    seed: when sampling, the int seed that replays the run (`SamplingParams(seed=...)`), else None."""
 
     tokens: np.ndarray
     stop_reason: str
     stats: SpeculateStats
     text: str | None = None
+    seed: int | None = None

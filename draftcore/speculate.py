@@ -1,4 +1,9 @@
-"""The speculative decoding loop (DESIGN.md "The loop"), greedy or sampled, streaming or not."""
+"""The speculative decoding loop (DESIGN.md "The loop"), greedy or sampled, streaming or not.
+
+One loop for every acceptance rule (`draftcore.sampling`): greedy asks the verifier for the argmax
+per node; sampling (and greedy with penalties) asks for logits, processes each node's row for its
+own prefix and accepts exactly.
+"""
 from __future__ import annotations
 
 import time
@@ -6,10 +11,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .acceptance import greedy_accept
 from .budget import as_budget_policy
 from .errors import BackendError, ConfigError, InputError, describe
 from .result import SpeculateResult, SpeculateStats
+from .sampling import SamplingParams, as_sampling_params, make_rule
 from .tree import DraftTree
 from .validate import positive_int, token_array
 
@@ -17,9 +22,11 @@ DEFAULT_BUDGET = 16
 
 
 def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=DEFAULT_BUDGET,
-              eos_token_id=None, stop_sequences: Sequence[Sequence[int]] = ()) -> SpeculateResult:
-    """Generate up to `max_new_tokens` tokens after `prompt`, exactly as plain greedy decoding with
-    `verifier` would, drafting with `drafter` (a fresh `TrieDrafter` when None).
+              eos_token_id=None, stop_sequences: Sequence[Sequence[int]] = (),
+              sampling: SamplingParams | dict | None = None) -> SpeculateResult:
+    """Generate up to `max_new_tokens` tokens after `prompt`, exactly as plain decoding with
+    `verifier` would, drafting with `drafter` (a fresh `TrieDrafter` when None): token for token
+    when greedy, with the same distribution over sequences when sampling.
 
     prompt: int32 token ids, or a string when the verifier has `encode`.
     budget: drafted nodes verified per step: an int (fixed), "auto" (a fresh `CostAwareBudget`:
@@ -27,9 +34,13 @@ def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budg
         budget policy object (keep one per deployment so what it measures carries over).
     eos_token_id: an id or a collection of ids that end generation (kept in the output).
     stop_sequences: token-id sequences that end generation once generated (kept in the output).
+    sampling: None (greedy, the default), a `SamplingParams`, or a dict of its fields with
+        transformers' names: temperature, top_k, top_p, min_p, repetition_penalty,
+        presence_penalty, frequency_penalty, do_sample, seed. `result.seed` replays the run.
     """
     stream = speculate_stream(verifier, prompt, max_new_tokens=max_new_tokens, drafter=drafter,
-                              budget=budget, eos_token_id=eos_token_id, stop_sequences=stop_sequences)
+                              budget=budget, eos_token_id=eos_token_id, stop_sequences=stop_sequences,
+                              sampling=sampling)
     for _ in stream:
         pass
     return stream.result
@@ -51,7 +62,8 @@ class SpeculationStream:
 
 def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=None,
                      budget=DEFAULT_BUDGET, eos_token_id=None,
-                     stop_sequences: Sequence[Sequence[int]] = ()) -> SpeculationStream:
+                     stop_sequences: Sequence[Sequence[int]] = (),
+                     sampling: SamplingParams | dict | None = None) -> SpeculationStream:
     """Streaming twin of `speculate`: iterate to receive tokens as they are accepted.
 
     Every argument is validated here, before any verifier or drafter state changes.
@@ -72,10 +84,11 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
     eos_ids = _eos_ids(eos_token_id, vocab_size)
     stops = [token_array(f"stop_sequences[{i}]", s, vocab_size) for i, s in enumerate(stop_sequences)]
     policy = as_budget_policy(budget)
+    rule = make_rule(as_sampling_params(sampling), vocab_size)
     if drafter is None:
         from .drafters.trie import TrieDrafter
         drafter = TrieDrafter()
-    generator = _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, was_text)
+    generator = _decode(verifier, prompt, max_new_tokens, drafter, policy, rule, eos_ids, stops, was_text)
     return SpeculationStream(generator)
 
 
@@ -91,7 +104,7 @@ def _eos_ids(eos_token_id, vocab_size) -> np.ndarray:
     return token_array("eos_token_id", ids, vocab_size, allow_empty=True)
 
 
-def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, was_text):
+def _decode(verifier, prompt, max_new_tokens, drafter, policy, rule, eos_ids, stops, was_text):
     stats = SpeculateStats()
     n_prompt = prompt.shape[0]
     context = np.empty(n_prompt + max_new_tokens, np.int32)  # prompt + generated; grows in place
@@ -102,11 +115,12 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, w
     # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
     trusted = getattr(drafter, "returns_valid_trees", False) is True
     drafter.start(prompt)
+    rule.start(prompt)
     try:
-        first = verifier.prefill(prompt, "argmax")
+        first = rule.first(verifier.prefill(prompt, rule.want))
         stats.time_prefill = time.perf_counter() - t_start
         stats.steps = 1
-        emitted = np.array([_check_token(first, verifier.vocab_size)], np.int32)
+        emitted = np.array([first], np.int32)
         while True:
             emitted, stop_reason = _apply_stops(emitted, context, n_context, n_prompt, max_new_tokens,
                                                 eos_ids, stops)
@@ -116,6 +130,7 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, w
             yield emitted
             if stop_reason is not None:
                 break
+            rule.update(emitted)
             t0 = time.perf_counter()
             drafter.update(emitted)
 
@@ -133,9 +148,9 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, w
             else:
                 tree = DraftTree.root_only(int(context[n_context - 1]))
             t1 = time.perf_counter()
-            model_tokens = _checked_argmax(verifier.verify(tree, "argmax"), len(tree), verifier.vocab_size)
+            out = verifier.verify(tree, rule.want)
             t2 = time.perf_counter()
-            path, next_token = greedy_accept(tree.tokens, tree.parents, model_tokens)
+            path, next_token = rule.accept(tree, out)
             verifier.commit(path)
             t3 = time.perf_counter()
 
@@ -157,7 +172,7 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, eos_ids, stops, w
         stats.time_total = time.perf_counter() - t_start
     tokens = context[n_prompt:n_context].copy()
     text = verifier.decode(tokens) if was_text and hasattr(verifier, "decode") else None
-    return SpeculateResult(tokens=tokens, stop_reason=stop_reason, stats=stats, text=text)
+    return SpeculateResult(tokens=tokens, stop_reason=stop_reason, stats=stats, text=text, seed=rule.seed)
 
 
 def _apply_stops(emitted, context, n_context, n_prompt, max_new_tokens, eos_ids, stops):
@@ -191,19 +206,3 @@ def _check_tree(tree, root, request, vocab_size) -> None:
         raise BackendError(f"drafter.propose: tree root {int(tree.tokens[0])} is not the last context token {int(root)}")
     if tree.n_draft > request:
         raise BackendError(f"drafter.propose: returned {tree.n_draft} drafted nodes, more than the budget {request}")
-
-
-def _checked_argmax(out, n, vocab_size) -> np.ndarray:
-    if not isinstance(out, np.ndarray) or out.shape != (n,) or not np.issubdtype(out.dtype, np.integer):
-        raise BackendError(f"verifier.verify: expected int32[{n}] argmax tokens, got {describe(out)}")
-    if n and (out.min() < 0 or out.max() >= vocab_size):
-        raise BackendError(f"verifier.verify: argmax token outside [0, {vocab_size}): {out.tolist()}")
-    return out.astype(np.int32, copy=False)
-
-
-def _check_token(token, vocab_size) -> int:
-    if isinstance(token, np.ndarray) and token.size == 1:
-        token = token.reshape(())[()]
-    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < vocab_size:
-        raise BackendError(f"verifier.prefill: expected a token id in [0, {vocab_size}), got {describe(token)}")
-    return int(token)

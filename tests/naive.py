@@ -240,8 +240,8 @@ class NaiveTrie:
         """Best-first over the sub-trie below `matched`: a child of the matched node scores
         w(child) / w(matched), a deeper node its parent's score times w(node) / w(parent); ties by
         (draft parent, token). Stage 0 (matched is the root): the TOP_K heaviest root children,
-        each scored w / (total weight of the root's children). A node already in the draft (same
-        draft parent, same token) is reused."""
+        each scored w / (total weight of the root's children), not expanded further. A node
+        already in the draft (same draft parent, same token) is reused."""
         candidates = []  # (score, draft parent, token, trie node)
 
         def order(c):
@@ -279,7 +279,7 @@ class NaiveTrie:
             if self.single:
                 candidates.clear()
             w_node = self.weight(node)
-            if w_node <= 0.0:
+            if w_node <= 0.0 or matched is self.root:
                 continue
             for child in node.listed_children():
                 offer(F32(float(score) * (self.weight(child) / w_node)), child, d)

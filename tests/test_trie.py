@@ -103,9 +103,10 @@ def assert_same_tree(tree: DraftTree, expected, budget):
 def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op=True):
     drafter = TrieDrafter(**params, token_limit=token_limit)
     naive = NaiveTrie(**params)
-    if heap_capacity is not None:  # a tiny candidate heap, so that dropping candidates is exercised
-        drafter._cand_scores = np.empty(heap_capacity, np.float32)
-        drafter._cand_items = np.empty((heap_capacity, 3), np.int32)
+    if heap_capacity is not None:  # a tiny candidate list, so that dropping candidates is exercised
+        # (the list lives in the middle of its workspace and holds at most half of it)
+        drafter._cand_scores = np.empty(2 * heap_capacity, np.float32)
+        drafter._cand_items = np.empty((2 * heap_capacity, 3), np.int32)
         naive.heap_capacity = heap_capacity
     n_proposed = 0
     for op in ops:

@@ -54,6 +54,7 @@ class TrieDrafter:
         if layout not in LAYOUTS:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
+        self._mode = K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL
         self.fill = bool(fill)
         self.use_top = bool(use_top)
         self.token_limit = positive_int("token_limit", token_limit)
@@ -113,24 +114,21 @@ class TrieDrafter:
 
         The tree's arrays view this drafter's buffers: they stay valid until the next propose.
         """
-        budget = int(budget)
-        if budget + 1 > self._out.shape[1]:
-            self._out = np.empty((5, budget + 1), np.int32)
-            self._scores = np.empty(budget + 1, np.float32)
-        mode = K.MODE_SINGLE if self.layout == "single" else K.MODE_HIERARCHICAL
+        context = token_array("context", context, vocab_size=self.token_limit)
+        if type(budget) is not int or budget + 1 > self._out.shape[1]:
+            budget = positive_int("budget", budget, minimum=0)
+            if budget + 1 > self._out.shape[1]:
+                self._out = np.empty((5, budget + 1), np.int32)
+                self._scores = np.empty(budget + 1, np.float32)
+                n_candidates = max(K.CANDIDATES, 4 * (budget + 2))
+                self._cand_scores = np.empty(n_candidates, np.float32)
+                self._cand_items = np.empty((n_candidates, 3), np.int32)
         links, freq, free, root, meta, front, top, top_w = self._state
-        if self._active and self._is_stream(context):
-            n = K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
-                       self._n_stream, self._n_prompt, self._count_from(), self._cand_scores, self._cand_items, self._out,
-                       self._scores, self.max_match, budget, self.prompt_weight, self.recent_weight, self.min_stage_nodes,
-                       self.fill, self.use_top, mode)
-            self._n_counted = self._n_stream
-        else:
-            self._count_pending()
-            context = token_array("context", context)
-            n = K.retrieve(links, freq, root, front, top, top_w, self._cand_scores, self._cand_items,
-                           self._out, self._scores, context, self.max_match, budget, self.prompt_weight, self.recent_weight,
-                           self.min_stage_nodes, self.fill, self.use_top, mode)
+        n = K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
+                   self._n_stream, self._n_prompt, self._count_from(), self._cand_scores, self._cand_items,
+                   self._out, self._scores, context, self.max_match, budget, self.prompt_weight,
+                   self.recent_weight, self.min_stage_nodes, self.fill, self.use_top, self._mode)
+        self._n_counted = self._n_stream
         out, scores = self._out, self._scores
         if self.layout == "parallel":
             return DraftTree(*_unmerge(out[0, :n], out[1, :n], out[2, :n], scores[:n], budget))
@@ -182,8 +180,10 @@ class TrieDrafter:
         if self._active:
             raise InputError(f"path: cannot save {path!r} during a request; call finish() first")
         config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
+        links, freq, free, root, meta = self._state[:5]
+        counts = freq[:, K.PROMPT:K.RECENT + 1]
         with open(path, "wb") as f:
-            np.savez(f, config=config, **dict(zip(_STATE_NAMES, self._state[:5])))
+            np.savez(f, config=config, links=links[:, :4], freq=counts, free=free, root=root, meta=meta)
 
     @classmethod
     def load(cls, path, **options) -> "TrieDrafter":
@@ -207,7 +207,11 @@ class TrieDrafter:
             if got.shape != shape or got.dtype != dtype:
                 raise InputError(f"path: {str(path)!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
                                  f"expected shape {shape} dtype {np.dtype(dtype)}")
-        links, freq, free, root, meta = (np.ascontiguousarray(arrays[n]) for n in _STATE_NAMES)
+        links = np.full((capacity, K.ROW), -1, np.int32)   # the saved columns, packed into node rows
+        links[:, :4] = arrays["links"]
+        freq = links.view(np.float32)
+        freq[:, K.PROMPT:K.RECENT + 1] = arrays["freq"]
+        free, root, meta = (np.ascontiguousarray(arrays[n]) for n in ("free", "root", "meta"))
         code, node = K.find_corruption(links, freq, free, root, meta)
         if code:
             raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
@@ -237,15 +241,6 @@ class TrieDrafter:
     def _count_from(self) -> int:
         """Branches starting before this position are not counted (the prompt, when left out)."""
         return 0 if self.insert_prompt else self._n_prompt
-
-    def _is_stream(self, context) -> bool:
-        """True when `context` is this request's stream (what speculate passes): same length and
-        the same last max_match + 1 tokens, which are all that retrieval reads."""
-        n = self._n_stream
-        if not isinstance(context, np.ndarray) or context.shape != (n,) or context.dtype != np.int32:
-            return False
-        k = min(n, self.max_match + 1)
-        return bool(np.array_equal(context[n - k:], self._stream[n - k:n]))
 
 
 def _unmerge(tokens, parents, depths, scores, budget):
@@ -291,7 +286,7 @@ def _warm_up_kernels() -> None:
         K.retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:5], 3, 8, 2.0, 2.0, 2,
                    fill, True, K.MODE_HIERARCHICAL)
         K.step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, 0, cs, ci, out, scores,
-               3, 8, 2.0, 2.0, 2, fill, True, K.MODE_SINGLE)
+               stream, 3, 8, 2.0, 2.0, 2, fill, True, K.MODE_SINGLE)
     K.make_room(links, freq, free, root, meta, 60)
     K.end_request(links, freq, free, root, meta, top, top_w, stream, stream.shape[0], 4, 4, False, 2.0, 2.0)
     K.find_corruption(links, freq, free, root, meta)

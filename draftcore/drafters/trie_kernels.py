@@ -2,10 +2,13 @@
 
 State (built by `new_state`, a tuple so numba sees plain arrays; no jitclass, no dicts of dicts):
 
-    links   int32[capacity, 4]   TOKEN, PARENT, CHILD (first child), SIBLING (next sibling);
-                                 PARENT == ROOT (-1) for a child of the (virtual) root,
-                                 PARENT == FREE (-2) for a node on the free list
-    freq    float32[capacity, 3] PROMPT, OUTPUT, RECENT branch counts (below)
+    links   int32[capacity, 8]   TOKEN, PARENT, CHILD (first child), SIBLING (next sibling), then
+                                 the counts; PARENT == ROOT (-1) for a child of the (virtual)
+                                 root, PARENT == FREE (-2) for a node on the free list
+    freq    float32[capacity, 8] the same memory seen as float32: PROMPT, OUTPUT, RECENT branch
+                                 counts (below) in columns 4-6. One 32-byte row per node, so a
+                                 node's links and counts share a cache line (retrieval reads both
+                                 for every candidate, and misses dominate its time).
     free    int32[capacity]      stack of free node ids; meta[N_FREE] of them are valid
     root    int32[token_limit]   token -> child of the root holding it, or -1 (O(1) first step)
     meta    int64[8]             N_FREE, ROOT_FIRST (head of the root's child list), N_PRUNES
@@ -33,9 +36,10 @@ and RECENT are halved and every node whose PROMPT + OUTPUT falls below 1 is free
 live prompt branches remain); then a node that cannot be allocated is simply not created.
 
 Retrieval (multi-stage). Stages run from the longest context suffix (at most max_match tokens) to
-the shortest, then stage 0, the empty suffix (the root's heaviest children, `top`). A stage matched
-at node u offers u's sub-trie best-first, a node v scored w(v) / w(u) (an estimate that the whole
-path is accepted). Without `fill` (the paper) the first stage that offers at least min_stage_nodes
+the shortest, then stage 0, the empty suffix: the root's heaviest children (`top`), one token deep
+(the most frequent tokens, a last resort; their continuations are not worth the budget). A stage
+matched at node u offers u's sub-trie best-first, a node v scored w(v) / w(u) (an estimate that
+the whole path is accepted). Without `fill` (the paper) the first stage that offers at least min_stage_nodes
 nodes is used alone (if none does, the longest that offers any). With `fill`, stages accumulate
 until the budget is spent, later stages only adding continuations the earlier ones lack (merged
 where their token paths coincide). Candidates are ordered by (score desc, draft parent asc, token
@@ -45,18 +49,21 @@ import numba as nb
 import numpy as np
 
 TOKEN, PARENT, CHILD, SIBLING = 0, 1, 2, 3
-PROMPT, OUTPUT, RECENT = 0, 1, 2
+PROMPT, OUTPUT, RECENT = 4, 5, 6  # float32 columns of the node rows
+ROW = 8
 N_FREE, ROOT_FIRST, N_PRUNES = 0, 1, 2
 ROOT, FREE = -1, -2
 MODE_HIERARCHICAL, MODE_SINGLE = 0, 1
 TOP_K = 64             # stage-0 candidates kept
-CANDIDATES = 1 << 12   # candidate list workspace; the list never holds more than budget + 1
+CANDIDATES = 1 << 12   # candidate workspace (at least 4 * (budget + 2)): the list, kept in its
+                       # middle, never holds more than 2 * budget + 1 entries
 
 
 def new_state(capacity: int, branch_length: int, token_limit: int):
-    links = np.full((capacity, 4), -1, np.int32)
+    links = np.full((capacity, ROW), -1, np.int32)
     links[:, PARENT] = FREE
-    freq = np.zeros((capacity, 3), np.float32)
+    freq = links.view(np.float32)
+    freq[:, PROMPT:RECENT + 1] = 0.0
     free = np.arange(capacity - 1, -1, -1, dtype=np.int32)  # pop order 0, 1, 2, ...
     root = np.full(token_limit, -1, np.int32)
     meta = np.zeros(8, np.int64)
@@ -92,7 +99,7 @@ def _add_child(links, freq, free, root, meta, parent, token):
     links[node, TOKEN] = token
     links[node, PARENT] = parent
     links[node, CHILD] = -1
-    freq[node, :] = 0.0
+    freq[node, PROMPT] = freq[node, OUTPUT] = freq[node, RECENT] = 0.0
     if parent == ROOT:
         links[node, SIBLING] = meta[ROOT_FIRST]
         meta[ROOT_FIRST] = node
@@ -118,7 +125,7 @@ def _free_subtree(links, freq, free, root, meta, top_node):
         links[node, PARENT] = FREE
         links[node, CHILD] = -1
         links[node, SIBLING] = -1
-        freq[node, :] = 0.0
+        freq[node, PROMPT] = freq[node, OUTPUT] = freq[node, RECENT] = 0.0
         free[meta[N_FREE]] = node
         meta[N_FREE] += 1
 
@@ -283,48 +290,64 @@ def _better(s1, p1, t1, s2, p2, t2):
     return t1 < t2
 
 
+@nb.njit(cache=True, inline="always")
+def _move(cs, ci, dst, src):
+    cs[dst] = cs[src]
+    ci[dst, 0], ci[dst, 1], ci[dst, 2] = ci[src, 0], ci[src, 1], ci[src, 2]
+
+
 @nb.njit(cache=True)
-def _offer(cs, ci, size, room, score, node, draft_parent, token):
-    """Offer a candidate to the list cs/ci[:size], sorted worst first (the best is popped from the
-    end in O(1)). At most `room` more nodes can be drafted, so once the list holds `room`
-    candidates a newcomer worse than all of them can never be chosen and is not kept; a better
-    newcomer replaces the worst. ci rows are (trie node, draft parent, token). Returns the size."""
-    if size >= room or size >= cs.shape[0]:
-        if size == 0 or not _better(score, draft_parent, token, cs[0], ci[0, 1], ci[0, 2]):
-            return size
-        i = 0  # drop the worst: shift the entries below the newcomer's place down by one
-        while i + 1 < size and _better(score, draft_parent, token, cs[i + 1], ci[i + 1, 1], ci[i + 1, 2]):
-            cs[i] = cs[i + 1]
-            ci[i, 0], ci[i, 1], ci[i, 2] = ci[i + 1, 0], ci[i + 1, 1], ci[i + 1, 2]
-            i += 1
-    else:
-        i = size  # insert: shift the entries better than the newcomer up by one
-        while i > 0 and _better(cs[i - 1], ci[i - 1, 1], ci[i - 1, 2], score, draft_parent, token):
-            cs[i] = cs[i - 1]
-            ci[i, 0], ci[i, 1], ci[i, 2] = ci[i - 1, 0], ci[i - 1, 1], ci[i - 1, 2]
-            i -= 1
-        size += 1
-    cs[i] = score
-    ci[i, 0], ci[i, 1], ci[i, 2] = node, draft_parent, token
-    return size
+def _offer(cs, ci, lo, hi, room, score, node, draft_parent, token):
+    """Offer a candidate to the list cs/ci[lo:hi], sorted best first; returns the new (lo, hi).
+
+    At most `room` more nodes can be drafted, so once the list holds `room` candidates a newcomer
+    worse than all of them can never be chosen and is not kept; a better newcomer replaces the
+    worst. ci rows are (trie node, draft parent, token). The list lives in the middle of the
+    workspace and grows at whichever end is nearer the newcomer's place, so the best is popped
+    from `lo` and the worst dropped from `hi` in O(1), and an insertion moves the fewer entries.
+    The list never holds more than half the workspace, so one end always has room."""
+    if hi - lo >= room or hi - lo >= cs.shape[0] // 2:
+        if hi == lo or not _better(score, draft_parent, token, cs[hi - 1], ci[hi - 1, 1], ci[hi - 1, 2]):
+            return lo, hi
+        hi -= 1  # drop the worst
+    a, b = lo, hi  # binary search: first entry the newcomer beats
+    while a < b:
+        mid = (a + b) // 2
+        if _better(score, draft_parent, token, cs[mid], ci[mid, 1], ci[mid, 2]):
+            b = mid
+        else:
+            a = mid + 1
+    pos = a
+    if lo > 0 and (pos - lo < hi - pos or hi == cs.shape[0]):
+        for j in range(lo, pos):  # shift the better entries one to the left
+            _move(cs, ci, j - 1, j)
+        lo -= 1
+        pos -= 1
+    else:  # hi < cs.shape[0] here: the list holds at most half the workspace
+        for j in range(hi, pos, -1):  # shift the worse entries one to the right
+            _move(cs, ci, j, j - 1)
+        hi += 1
+    cs[pos] = score
+    ci[pos, 0], ci[pos, 1], ci[pos, 2] = node, draft_parent, token
+    return lo, hi
 
 
 @nb.njit(cache=True)
 def refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight):
     """Recompute `top` from scratch: the root's TOP_K heaviest children and the root's total."""
-    cs = np.empty(TOP_K, np.float32)
-    ci = np.empty((TOP_K, 3), np.int32)
-    size = 0
+    cs = np.empty(2 * TOP_K + 2, np.float32)
+    ci = np.empty((2 * TOP_K + 2, 3), np.int32)
+    lo = hi = TOP_K + 1
     total = 0.0
     c = meta[ROOT_FIRST]
     while c >= 0:
         w = _weight(freq, c, prompt_weight, recent_weight)
         total += w
-        size = _offer(cs, ci, size, TOP_K, w, c, 0, links[c, TOKEN])
+        lo, hi = _offer(cs, ci, lo, hi, TOP_K, w, c, 0, links[c, TOKEN])
         c = links[c, SIBLING]
     for i in range(TOP_K):
-        j = size - 1 - i  # best first
-        if j >= 0:
+        j = lo + i  # best first
+        if j < hi:
             top[i, 0], top[i, 1], top_w[i] = ci[j, 0], ci[j, 2], cs[j]
         else:
             top[i, 0], top[i, 1], top_w[i] = -1, -1, 0.0
@@ -370,8 +393,8 @@ def _match(links, root, front, context, n_context, m):
 
 
 @nb.njit(cache=True)
-def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, size):
-    """Take candidates best-first from the list cs/ci[:size] into the draft (out rows: tokens,
+def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, lo, hi, expand):
+    """Take candidates best-first from the list cs/ci[lo:hi] into the draft (out rows: tokens,
     parents, depths, first child, next sibling; n_out nodes so far), offering each taken node's
     children in turn; a candidate whose (draft parent, token) exists already merges into that
     node. A child's score is its parent's times w(child) / w(parent). Returns the new n_out.
@@ -380,9 +403,12 @@ def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out,
     node of earlier stages (each can absorb one merge from this stage, which costs no budget)."""
     n_start = n_out
     tokens, parents, depths, first, sibling = out[0], out[1], out[2], out[3], out[4]
-    while size > 0 and n_out <= budget:
-        size -= 1  # take the best candidate
-        score, node, dparent, token = cs[size], ci[size, 0], ci[size, 1], ci[size, 2]
+    middle = cs.shape[0] // 2
+    while hi > lo and n_out <= budget:
+        score, node, dparent, token = cs[lo], ci[lo, 0], ci[lo, 1], ci[lo, 2]  # the best candidate
+        lo += 1
+        if lo == hi:
+            lo = hi = middle  # empty: recentre, so both ends have room again
         if score <= 0.0:
             continue
         d = first[dparent]
@@ -396,13 +422,13 @@ def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out,
             first[dparent] = d
             n_out += 1
         if mode == MODE_SINGLE:
-            size = 0  # one branch: only children of the node just taken compete next
+            lo = hi = middle  # one branch: only children of the node just taken compete next
         w_node = _weight(freq, node, prompt_weight, recent_weight)
-        if w_node <= 0.0:
+        if w_node <= 0.0 or not expand:
             continue
         c = links[node, CHILD]
         while c >= 0:
-            size = _offer(cs, ci, size, budget + n_start - n_out,
+            lo, hi = _offer(cs, ci, lo, hi, budget + n_start - n_out,
                           np.float32(score * (_weight(freq, c, prompt_weight, recent_weight) / w_node)),
                           c, d, links[c, TOKEN])
             c = links[c, SIBLING]
@@ -413,24 +439,25 @@ def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out,
 def _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci):
     """Offer one stage's first candidates (children of `matched`, or `top` for stage 0 when
     matched == ROOT) and select from them; returns the new n_out."""
-    size = 0
+    lo = hi = cs.shape[0] // 2
     room = budget  # = budget + 1 - n_out new nodes + up to n_out - 1 merges (see _select)
     if matched == ROOT:
         total = top_w[TOP_K]
         for i in range(TOP_K):
             node, token = top[i, 0], top[i, 1]
             if node >= 0 and total > 0.0:
-                size = _offer(cs, ci, size, room, np.float32(top_w[i] / total), node, 0, token)
+                lo, hi = _offer(cs, ci, lo, hi, room, np.float32(top_w[i] / total), node, 0, token)
     else:
         w_matched = _weight(freq, matched, prompt_weight, recent_weight)
         if w_matched <= 0.0:
             return n_out
         c = links[matched, CHILD]
         while c >= 0:
-            size = _offer(cs, ci, size, room, np.float32(_weight(freq, c, prompt_weight, recent_weight) / w_matched),
+            lo, hi = _offer(cs, ci, lo, hi, room, np.float32(_weight(freq, c, prompt_weight, recent_weight) / w_matched),
                           c, 0, links[c, TOKEN])
             c = links[c, SIBLING]
-    return _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, size)
+    return _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, lo, hi,
+                   matched != ROOT)
 
 
 @nb.njit(cache=True)
@@ -474,12 +501,13 @@ def retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, context,
 
 @nb.njit(cache=True)
 def step(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from, cs, ci, out,
-         scores, max_match, budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
+         scores, context, max_match, budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
     """One decode step in one call (a numba dispatch costs about a microsecond): count the tokens
-    accepted since the last step, then draft from the stream itself (context = stream[:end])."""
+    accepted since the last step, then draft the continuation of `context` (usually the stream
+    itself, whose suffix nodes `front` already holds; any other context is matched from the root)."""
     extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from,
            prompt_weight, recent_weight)
-    return retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:end], max_match,
+    return retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, context, max_match,
                     budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode)
 
 
@@ -514,7 +542,7 @@ def find_corruption(links, freq, free, root, meta):
             return 2, node
         if p == ROOT and root[t] != node:
             return 3, node
-        for f in range(3):
+        for f in (PROMPT, OUTPUT, RECENT):
             if not (freq[node, f] >= 0.0 and np.isfinite(freq[node, f])):
                 return 5, node
         if freq[node, RECENT] > freq[node, OUTPUT]:

@@ -1,0 +1,204 @@
+"""Sampling options for `speculate`, and the acceptance rules the decode loop is parameterised by.
+
+    draftcore.speculate(verifier, prompt, sampling=dict(temperature=0.7, top_p=0.9, seed=0))
+
+Names and meanings follow transformers' `generate` (plus presence / frequency penalties as in the
+OpenAI API and vLLM); see `draftcore.processors` for the exact semantics and order. Speculative
+sampling is exact: every generated sequence has the probability plain sampling gives it.
+
+A rule tells the loop what to ask the verifier for (`want`) and turns the verifier's output into
+tokens; the loop itself is the same for all of them:
+
+    rule              want      first token                    a verified tree
+    GreedyRule        argmax    the prefill's argmax           greedy_accept(argmax per node)
+    ProcessedRule     logits    argmax or sample of the        process every row for its node's prefix;
+                                processed prefill row          greedy_accept(argmax) or sample_accept
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .acceptance import greedy_accept, sample_accept
+from .errors import BackendError, ConfigError, describe
+from .processors import LogitsProcessor, checked_logits, softmax
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each token; the defaults are plain sampling from the model's distribution.
+
+        parameter           default  meaning (transformers' name and semantics)
+        do_sample           True     False: greedy (argmax after the penalties), like transformers
+        temperature         1.0      logits / temperature; 0 means greedy
+        top_k               None     keep the k most likely tokens (None or 0: off). transformers'
+                                     GenerationConfig defaults to 50; draftcore applies no top-k
+                                     unless asked (pass top_k=50 for transformers' default behaviour)
+        top_p               1.0      nucleus: the most likely tokens up to mass top_p (1.0: off)
+        min_p               None     drop tokens below min_p · max probability (None or 0: off)
+        repetition_penalty  1.0      divide positive / multiply negative logits of every token in
+                                     prompt + generated (also applies when greedy)
+        presence_penalty    0.0      subtract from every token generated at least once (OpenAI/vLLM)
+        frequency_penalty   0.0      subtract times the number of times it was generated (OpenAI/vLLM)
+        seed                None     int: reproducible; a numpy Generator: drawn from (and advanced);
+                                     None: fresh entropy, reported as `result.seed` for replay
+
+    A seed reproduces a run given the same verifier, drafter state and budget: the drafted trees
+    decide how many random draws a step uses. (With budget="auto" the tree sizes follow measured
+    timings, so fix the budget when runs must replay bit for bit.)
+    """
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | np.random.Generator | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise ConfigError(f"do_sample: expected True or False, got {describe(self.do_sample)}")
+        temperature = 1.0 if self.temperature is None else self.temperature  # transformers: None = 1.0
+        object.__setattr__(self, "temperature", _number("temperature", temperature, 0.0, math.inf,
+                                                        "a finite number >= 0 (0: greedy)"))
+        if self.top_k is not None:
+            if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+                raise ConfigError(f"top_k: expected None or an int >= 0 (0: off), got {describe(self.top_k)}")
+            object.__setattr__(self, "top_k", int(self.top_k))
+        top_p = 1.0 if self.top_p is None else self.top_p
+        object.__setattr__(self, "top_p", _number("top_p", top_p, 0.0, 1.0, "a number in [0, 1] (1: off)"))
+        if self.min_p is not None:
+            object.__setattr__(self, "min_p", _number("min_p", self.min_p, 0.0, 1.0,
+                                                      "None or a number in [0, 1] (0: off)"))
+        penalty = 1.0 if self.repetition_penalty is None else self.repetition_penalty
+        object.__setattr__(self, "repetition_penalty", _number("repetition_penalty", penalty, 0.0, math.inf,
+                                                               "a finite number > 0 (1: off)", open_low=True))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            value = 0.0 if value is None else value
+            object.__setattr__(self, name, _number(name, value, -math.inf, math.inf, "a finite number (0: off)"))
+        seed = self.seed
+        if not (seed is None or isinstance(seed, np.random.Generator)
+                or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0)):
+            raise ConfigError(f"seed: expected None, an int >= 0 or a numpy Generator, got {describe(seed)}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """do_sample=False or temperature 0: argmax of the penalised logits."""
+        return not self.do_sample or self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def generator(self) -> tuple[np.random.Generator, int | None]:
+        """(the random generator of one request, the int seed that replays it, or None)."""
+        if isinstance(self.seed, np.random.Generator):
+            return self.seed, None
+        seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
+        return np.random.default_rng(seed), int(seed)
+
+
+FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
+def as_sampling_params(sampling) -> SamplingParams | None:
+    """`speculate(sampling=...)`: None (greedy), a SamplingParams, or a dict of its fields."""
+    if sampling is None or isinstance(sampling, SamplingParams):
+        return sampling
+    if isinstance(sampling, dict):
+        unknown = sorted(set(sampling) - set(FIELDS), key=str)
+        if unknown:
+            raise ConfigError(f"sampling: unknown option(s) {unknown}; expected some of {list(FIELDS)}")
+        return SamplingParams(**sampling)
+    raise ConfigError(f"sampling: expected None (greedy), a SamplingParams or a dict of its fields, "
+                      f"got {describe(sampling)}")
+
+
+def _number(name, value, low, high, expected, open_low=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{name}: expected {expected}, got {describe(value)}")
+    value = float(value)
+    if not math.isfinite(value) or value < low or value > high or (open_low and value == low):
+        raise ConfigError(f"{name}: expected {expected}, got {value}")
+    return value
+
+
+# -- acceptance rules: what the decode loop asks for and how it turns the answer into tokens ------------
+def make_rule(params: SamplingParams | None, vocab_size: int):
+    """The rule for `speculate(sampling=params)`: the backend's argmax when nothing needs logits."""
+    if params is None or (params.is_greedy and not params.penalised):
+        return GreedyRule(vocab_size)
+    return ProcessedRule(params, vocab_size)
+
+
+class GreedyRule:
+    """Plain greedy: the backend computes the argmax where the logits live (no logits copied)."""
+
+    want = "argmax"
+    seed = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def start(self, prompt: np.ndarray) -> None:
+        pass
+
+    def update(self, tokens: np.ndarray) -> None:
+        pass
+
+    def first(self, out) -> int:
+        if isinstance(out, np.ndarray) and out.size == 1:
+            out = out.reshape(())[()]
+        if isinstance(out, bool) or not isinstance(out, (int, np.integer)) or not 0 <= out < self.vocab_size:
+            raise BackendError(f"verifier.prefill: expected a token id in [0, {self.vocab_size}), got {describe(out)}")
+        return int(out)
+
+    def accept(self, tree, out) -> tuple[np.ndarray, int]:
+        n = len(tree)
+        if not isinstance(out, np.ndarray) or out.shape != (n,) or not np.issubdtype(out.dtype, np.integer):
+            raise BackendError(f"verifier.verify: expected int32[{n}] argmax tokens, got {describe(out)}")
+        if n and (out.min() < 0 or out.max() >= self.vocab_size):
+            raise BackendError(f"verifier.verify: argmax token outside [0, {self.vocab_size}): {out.tolist()}")
+        return greedy_accept(tree.tokens, tree.parents, out.astype(np.int32, copy=False))
+
+
+class ProcessedRule:
+    """Logits processed for every node's own prefix, then argmax (greedy with penalties) or exact
+    tree sampling (`acceptance.sample_accept`) with the request's random generator."""
+
+    want = "logits"
+
+    def __init__(self, params: SamplingParams, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.sample = not params.is_greedy
+        self.processor = LogitsProcessor.from_params(params, vocab_size)
+        self.rng, self.seed = params.generator() if self.sample else (None, None)
+
+    def start(self, prompt: np.ndarray) -> None:
+        self.processor.start(prompt)
+
+    def update(self, tokens: np.ndarray) -> None:
+        self.processor.update(tokens)
+
+    def first(self, out) -> int:
+        z = self.processor.process_next(checked_logits(out, (self.vocab_size,), "verifier.prefill"))
+        if not self.sample:
+            return int(np.argmax(z))
+        probs = softmax(z)[None, :]
+        root = np.zeros(1, np.int32)
+        _, token = sample_accept(root, np.full(1, -1, np.int32), probs, self.rng.random(1))
+        return int(token)
+
+    def accept(self, tree, out) -> tuple[np.ndarray, int]:
+        n = len(tree)
+        z = self.processor.process_tree(checked_logits(out, (n, self.vocab_size), "verifier.verify"),
+                                        tree.tokens, tree.parents)
+        if not self.sample:
+            return greedy_accept(tree.tokens, tree.parents, z.argmax(axis=1).astype(np.int32))
+        return sample_accept(tree.tokens, tree.parents, softmax(z), self.rng.random(n))
