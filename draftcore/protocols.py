@@ -2,6 +2,11 @@
 
 A backend implements `Verifier`; a drafting strategy implements `Drafter`. Both are structural
 (`typing.Protocol`): no base class to inherit, nothing of draftcore's to import in a backend.
+
+Errors, the same in every backend: `ConfigError` for construction options, `InputError` for a
+call's arguments or call order (a bad `want`, a path that is not in the last tree, verify before
+prefill), `BackendError` when the framework or model misbehaves. A verifier may also offer
+`encode(text) -> int32[]` and `decode(ids) -> str`, so `speculate` accepts text prompts.
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ class Verifier(Protocol):
         """One forward over every node of `tree` (positions n_past + depths, tree-masked).
 
         Returns int32[n] (argmax per node, computed where the logits live) for want="argmax",
-        float32[n, vocab_size] for want="logits". The KV of every node is held until `commit`.
+        float32[n, vocab_size] for want="logits". The KV of every node is held until `commit`;
+        a second verify without a commit replaces the first tree (its KV is dropped).
         """
 
     def commit(self, path: np.ndarray) -> None:

@@ -302,7 +302,7 @@ def test_prefill_refuses_bad_prompts(prefilled, prompt, match):
 
 def test_bad_verify_and_commit_calls(prefilled):
     v = prefilled
-    with pytest.raises(ConfigError, match="want"):
+    with pytest.raises(InputError, match="want"):
         v.verify(DraftTree.root_only(3), "probs")
     with pytest.raises(InputError, match="DraftTree"):
         v.verify(np.array([3, 4], np.int32))

@@ -97,3 +97,9 @@ def _convert(gguf: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def load_smollm2_tokenizer(cache_dir=None):
+    """SmolLM2's tokenizer alone (from the converted folder; converts the model on first use)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(converted_folder(cache_dir), local_files_only=True)

@@ -284,7 +284,7 @@ def _logits(out) -> torch.Tensor:
 
 def _check_want(want) -> str:
     if want not in _WANTS:
-        raise ConfigError(f"want: expected 'argmax' or 'logits', got {describe(want)}")
+        raise InputError(f"want: expected 'argmax' or 'logits', got {describe(want)}")
     return want
 
 
