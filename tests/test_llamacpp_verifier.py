@@ -21,7 +21,9 @@ VOCAB = 512
 ATOL = 1e-4        # logits: llama.cpp F32 vs a differently batched forward (measured ~1e-6)
 NEAR_TIE = 1e-3    # greedy: a top-2 gap below this may flip between two exact-in-f32 forwards
 F32 = llama_cpp.GGML_TYPE_F32
-EXACT = dict(n_threads=2, type_k=F32, type_v=F32, flash_attn=False)
+# One thread: llama.cpp's worker threads spin at barriers, and on a shared 2-core machine two of them
+# next to any other process run this file 4x slower (measured: 60 s vs 16 s).
+EXACT = dict(n_threads=1, type_k=F32, type_v=F32, flash_attn=False)
 
 PROMPTS = [
     [1, 300, 301, 302, 303, 300, 301, 302],
@@ -105,11 +107,11 @@ def plain_greedy(v, prompt, n_new):
     return tokens, gaps
 
 
-def assert_same_greedy(got, want, gaps, what):
+def assert_same_greedy(got, want, gaps, what, tie=NEAR_TIE):
     """Equal token for token, except that a first mismatch at a near-tie ends the comparison."""
     for i, (a, b) in enumerate(zip(got, want)):
         if a != b:
-            assert gaps[i] < NEAR_TIE, f"{what}: token {i} differs ({a} vs {b}), top-2 gap {gaps[i]:.3g}"
+            assert gaps[i] < tie, f"{what}: token {i} differs ({a} vs {b}), top-2 gap {gaps[i]:.3g}"
             warnings.warn(f"{what}: near-tie at token {i} (gap {gaps[i]:.2g}); compared {i} tokens")
             return
     assert len(got) == len(want), what
@@ -186,6 +188,8 @@ def test_commit_many_steps_keeps_only_the_path(verifier, reference):
 
 
 def test_chain_verify_uses_sequence_zero(verifier, reference):
+    from draftcore.protocols import Verifier
+    assert isinstance(verifier, Verifier)
     prompt = np.array(PROMPTS[2], np.int32)
     root = verifier.prefill(prompt)
     chain = DraftTree.chain(root, [10, 11, 12])
@@ -201,7 +205,8 @@ def test_chain_verify_uses_sequence_zero(verifier, reference):
 
 @pytest.fixture(scope="module")
 def stock_llama(tiny):
-    return llama_cpp.Llama(str(tiny[0]), n_ctx=256, n_threads=2, type_k=F32, type_v=F32, verbose=False)
+    return llama_cpp.Llama(str(tiny[0]), n_ctx=256, n_threads=1, n_threads_batch=1, type_k=F32, type_v=F32,
+                           verbose=False)
 
 
 def test_chain_fallback_warns_once_and_stays_exact(stock_llama, verifier):
@@ -235,8 +240,8 @@ def test_chain_fallback_warns_once_and_stays_exact(stock_llama, verifier):
         context += tree.tokens[[0, 1, 2]].tolist()
         assert v.n_redecoded == 2   # nodes 1, 2: the root stayed cached
         assert_committed_only(v, len(context))
-        np.testing.assert_allclose(v.verify(DraftTree.root_only(9), "logits")[0],
-                                   verifier.prefill(np.array(context + [9], np.int32), "logits"), atol=ATOL, rtol=0)
+        fresh = verifier.prefill(np.array(context + [9], np.int32), "logits")
+        np.testing.assert_allclose(v.verify(DraftTree.root_only(9), "logits")[0], fresh, atol=ATOL, rtol=0)
 
 
 def _greedy_path(tree, out):
@@ -284,7 +289,7 @@ def test_strict_and_own_context(stock_llama, verifier):
 
 def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
     path = tiny[0]
-    fresh = LlamaCppVerifier.from_gguf(path, n_ctx=64, n_seq_max=3, n_threads=2)
+    fresh = LlamaCppVerifier.from_gguf(path, n_ctx=64, n_seq_max=3, n_threads=1)
     with pytest.raises(InputError, match="prefill first"):
         fresh.verify(DraftTree.root_only(5))
     with pytest.raises(InputError, match="no verified tree"):
@@ -297,6 +302,8 @@ def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
             fresh.prefill(prompt)
     root = fresh.prefill(np.arange(n_ctx - 10, dtype=np.int32) % VOCAB)
     n_past = fresh.n_past
+    pending = DraftTree.build([root, 3, 4], [-1, 0, 0])
+    fresh.verify(pending)  # refused calls below must leave this verified tree in place
     bad_trees = [
         [root, 2, 3],                                                   # not a DraftTree
         DraftTree.chain(root, [VOCAB + 3]),                             # token outside the vocabulary
@@ -310,7 +317,9 @@ def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
     with pytest.raises(InputError, match="want"):
         fresh.verify(DraftTree.root_only(root), want="probs")
     assert fresh.n_past == n_past
-    assert_committed_only(fresh, n_past)
+    fresh.commit(np.array([0, 2], np.int32))
+    assert_committed_only(fresh, n_past + 2)
+    n_past += 2
 
     tree = DraftTree.build([root, 3, 4, 5], [-1, 0, 1, 0])
     fresh.verify(tree)
@@ -328,6 +337,9 @@ def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
         LlamaCppVerifier.from_gguf(path, n_seq_max=1)
     with pytest.raises(ConfigError):
         LlamaCppVerifier.from_llama("model.gguf")
+    fresh.close()
+    with pytest.raises(InputError, match="closed"):
+        fresh.prefill(np.array([1], np.int32))
     assert issubclass(InputError, DraftcoreError) and issubclass(ConfigError, DraftcoreError)
 
 
@@ -360,6 +372,7 @@ def test_speculate_equals_plain_greedy(verifier):
 
 
 # ---------------------------------------------------------------- the real model, F32 (slow: ~20 s)
+# 30 layers in float32 on two backends drift further apart than the tiny fixture: ties below 1e-2.
 
 SMOLLM2_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -399,6 +412,8 @@ def test_smollm2_f32_matches_hf_and_speculates_exactly(smollm2_f32):
         want, gaps = plain_greedy(verifier, prompt, 24)
         with torch.no_grad():
             hf = model(torch.tensor([prompt.tolist() + want])).logits[0].numpy()
-        assert_same_greedy(hf[len(prompt) - 1:-1].argmax(axis=1).tolist(), want, gaps, "SmolLM2 HF vs llama.cpp")
+        hf_tokens = hf[len(prompt) - 1:-1].argmax(axis=1).tolist()
+        assert_same_greedy(hf_tokens, want, gaps, "SmolLM2 HF vs llama.cpp", tie=1e-2)
         result = draftcore.speculate(verifier, prompt, max_new_tokens=24, budget=8, eos_token_id=2)
-        assert_same_greedy(result.tokens.tolist(), want[:len(result.tokens)], gaps, "SmolLM2 speculate")
+        got = result.tokens.tolist()
+        assert_same_greedy(got, want[:len(got)], gaps, "SmolLM2 speculate", tie=1e-2)

@@ -26,7 +26,8 @@ def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError as exc:
-        raise ConfigError("the llama.cpp backend needs llama-cpp-python: pip install 'draftcore[llamacpp]'") from exc
+        raise ConfigError("the llama.cpp backend needs llama-cpp-python: "
+                          "pip install 'draftcore[llamacpp]'") from exc
     return llama_cpp
 
 
@@ -69,8 +70,10 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
     if n_ctx is not None:
         params.n_ctx = n_ctx
     if n_batch is not None:
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch  # one tree, one graph evaluation
+        params.n_batch = params.n_ubatch = n_batch  # one tree, one graph evaluation
+    # llama.cpp aborts the process (GGML_ASSERT in output_reserve) when n_batch exceeds n_ctx.
+    params.n_batch = min(params.n_batch, params.n_ctx)
+    params.n_ubatch = min(params.n_ubatch, params.n_batch)
     if n_threads is not None:
         params.n_threads = params.n_threads_batch = n_threads
     if type_k is not None:
@@ -80,7 +83,13 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
     if flash_attn is not None:
         params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    params.n_seq_max = n_seq_max
+    if n_seq_max > lib.llama_max_parallel_sequences():
+        raise ConfigError(f"n_seq_max: expected at most {lib.llama_max_parallel_sequences()} "
+                          f"(llama_max_parallel_sequences), got {n_seq_max}")
+    # llama.cpp also aborts when n_seq_max exceeds n_outputs_max (0 = n_batch). Clamping loses
+    # nothing: a tree must fit one batch, and n nodes have at most n - 1 leaves.
+    outputs = params.n_outputs_max or params.n_batch
+    params.n_seq_max = min(n_seq_max, outputs)
     params.kv_unified = True
     params.embeddings = False
     for name, value in (overrides or {}).items():

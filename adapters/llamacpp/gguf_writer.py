@@ -105,7 +105,8 @@ def write_tiny_llama_gguf(path, *, seed: int = 0, vocab_size: int = 512, hidden_
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if vocab_size < _N_SPECIAL + 1:
-        raise ConfigError(f"vocab_size: expected >= {_N_SPECIAL + 1} (specials + 256 byte tokens), got {vocab_size}")
+        raise ConfigError(f"vocab_size: expected >= {_N_SPECIAL + 1} (specials + 256 byte tokens), "
+                          f"got {vocab_size}")
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
@@ -122,7 +123,8 @@ def _check_supported(cfg) -> None:
     if getattr(cfg, "model_type", "llama") != "llama":
         raise ConfigError(f"model.config.model_type: expected 'llama', got {cfg.model_type!r}")
     if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-        raise ConfigError("model.config: attention_bias/mlp_bias are not written by this converter; expected both False")
+        raise ConfigError("model.config: attention_bias/mlp_bias are not written by this converter; "
+                          "expected both False")
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
@@ -189,7 +191,8 @@ def _copy_tokenizer(writer, source, vocab_size: int) -> None:
     if tokens is None:
         raise ConfigError(f"tokenizer_from: {source} has no tokenizer.ggml.tokens")
     if len(tokens.data) != vocab_size:
-        raise ConfigError(f"tokenizer_from: {source} has {len(tokens.data)} tokens, the model's vocab_size is {vocab_size}")
+        raise ConfigError(f"tokenizer_from: {source} has {len(tokens.data)} tokens, "
+                          f"the model's vocab_size is {vocab_size}")
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue

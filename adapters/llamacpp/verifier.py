@@ -133,7 +133,7 @@ class LlamaCppVerifier:
             params = tree_context_params(lib, llm.context_params, n_seq_max=n_seq_max)
             ctx = new_context(lib, llm.model, params)
             owner = _Owner(lib, None, ctx)
-            return cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm), llm=llm)
+            return cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm))
         limits = read_limits(lib, llm.ctx)
         if limits.max_leaves == 0 and strict:
             raise ConfigError(
@@ -146,11 +146,13 @@ class LlamaCppVerifier:
         return cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm)
 
     def close(self) -> None:
-        """Free what this verifier created (a borrowed Llama is left alone)."""
+        """Free what this verifier created (a borrowed Llama is left alone); the verifier is done."""
         for obj in self._keepalive:
             if isinstance(obj, _Owner):
                 obj.close()
         self._keepalive = ()
+        self._ctx = self._mem = None
+        self._pending, self._prefilled = None, False
 
     def __enter__(self):
         return self
@@ -163,6 +165,8 @@ class LlamaCppVerifier:
     def prefill(self, prompt, want: str = "argmax"):
         """Start over from `prompt` (int32[T]); the result for its last position (see Verifier)."""
         want = _check_want(want)
+        if self._ctx is None:
+            raise InputError("prefill: this verifier was closed")
         prompt = token_array("prompt", prompt, vocab_size=self.vocab_size)
         if prompt.shape[0] > self.max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self.max_context} "
@@ -235,10 +239,6 @@ class LlamaCppVerifier:
     def _verify_tree(self, tree: DraftTree, want: str) -> np.ndarray:
         membership = tree.leaf_membership()           # bool[n, n_leaves]
         n_leaves = membership.shape[1]
-        if n_leaves > self.max_leaves:
-            raise InputError(f"tree: {n_leaves} leaves, but this context has n_seq_max="
-                             f"{self.limits.n_seq_max} (at most {self.max_leaves} leaves); "
-                             f"create the verifier with n_seq_max >= {n_leaves + 1}")
         lib, mem = self._lib, self._mem
         # Each leaf sequence must see the context: its cells gain ids 1 .. n_leaves (no copy of KV data).
         for seq in range(1, n_leaves + 1):
@@ -262,7 +262,6 @@ class LlamaCppVerifier:
     # ------------------------------------------------------------------ chains (both modes)
 
     def _verify_chain(self, tree: DraftTree, want: str) -> np.ndarray:
-        self._check_batch(len(tree))
         self._pending = _Pending("chain", tree, cached=list(range(len(tree))))
         self._batch.set_chain(tree.tokens, self.n_past, "all")
         self._decode()
@@ -284,7 +283,6 @@ class LlamaCppVerifier:
             head = heads.pop(0)
             chain = branches.best_chain(first, head)
             self._rollback(pending, int(tree.depths[head]))
-            self._check_batch(len(chain))
             self._batch.set_chain(tree.tokens[chain], self.n_past + int(tree.depths[head]), "all")
             self._decode()
             pending.cached.extend(chain)
@@ -302,7 +300,6 @@ class LlamaCppVerifier:
         self._rollback(pending, keep)
         if keep < path.shape[0]:
             rest = pending.tree.tokens[path[keep:]]
-            self._check_batch(rest.shape[0])
             self._batch.set_chain(rest, self.n_past + keep, "none")
             self._decode()
             self.n_redecoded += rest.shape[0]
@@ -376,8 +373,14 @@ class LlamaCppVerifier:
         if tree.tokens.dtype != np.int32 or tree.tokens.min() < 0 or tree.tokens.max() >= self.vocab_size:
             raise InputError(f"tree.tokens: expected int32 ids in [0, {self.vocab_size}), got "
                              f"{describe(tree.tokens)} with range [{tree.tokens.min()}, {tree.tokens.max()}]")
-        if not self.chain_only:
-            self._check_batch(n)
+        # One batch holds the whole tree, or in chain-only mode its longest branch.
+        self._check_batch(int(tree.depths.max()) + 1 if self.chain_only else n)
+        if not self.chain_only and not tree.is_chain():
+            n_leaves = tree.leaves().shape[0]
+            if n_leaves > self.max_leaves:
+                raise InputError(f"tree: {n_leaves} leaves, but this context has n_seq_max="
+                                 f"{self.limits.n_seq_max} (at most {self.max_leaves} leaves); "
+                                 f"create the verifier with n_seq_max >= {n_leaves + 1}")
 
     def _check_batch(self, n: int) -> None:
         if n > self.limits.n_batch:
