@@ -87,12 +87,6 @@ class LogitsProcessor:
                    repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
                    frequency_penalty=params.frequency_penalty)
 
-    @property
-    def active(self) -> bool:
-        """False when processing changes nothing (plain greedy / plain sampling at T=1)."""
-        return self.penalised or (self.warp and (self.temperature != 1.0 or 0 < self.top_k < self.vocab_size
-                                                 or self.top_p < 1.0 or self.min_p > 0.0))
-
     # -- request state ---------------------------------------------------------------------------
     def start(self, prompt: np.ndarray) -> None:
         """A new request: the prompt's tokens count for the repetition penalty only."""
@@ -152,6 +146,23 @@ class LogitsProcessor:
                 relative = np.exp(z - z.max(axis=1, keepdims=True))  # p[t] / max(p)
             z[relative < np.float32(self.min_p)] = -np.inf
         return z
+
+
+_WARM = []
+
+
+def warm_up_kernels() -> None:
+    """Compile (or load from numba's cache) the kernels once per process, outside any timed loop."""
+    if _WARM:
+        return
+    from .acceptance import sample_accept
+    z = np.zeros((2, 4), np.float32)
+    tokens, parents = np.zeros(2, np.int32), np.array([-1, 0], np.int32)
+    _penalise(z, tokens, parents, np.zeros(4, np.bool_), np.zeros(1, np.int32), 0, np.zeros(4, np.int32),
+              np.float32(1.0), np.float32(0.0), np.float32(0.0))
+    _top_p(z, 0.5)
+    sample_accept(tokens, parents, softmax(z), np.zeros(2))
+    _WARM.append(True)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 
 from .acceptance import greedy_accept, sample_accept
 from .errors import BackendError, ConfigError, describe
-from .processors import LogitsProcessor, checked_logits, softmax
+from .processors import LogitsProcessor, checked_logits, softmax, warm_up_kernels
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ class ProcessedRule:
         self.sample = not params.is_greedy
         self.processor = LogitsProcessor.from_params(params, vocab_size)
         self.rng, self.seed = params.generator() if self.sample else (None, None)
+        warm_up_kernels()
 
     def start(self, prompt: np.ndarray) -> None:
         self.processor.start(prompt)

@@ -1,11 +1,16 @@
 """The HF backend's side of `draftcore bench` / `draftcore record`: model, prompts and methods.
 
-Methods (all greedy, all on the same model object):
+Methods (all on the same model object), greedy:
     plain            model.generate(do_sample=False): what users run today
     prompt_lookup    model.generate(prompt_lookup_num_tokens=10): transformers' own n-gram speculation
     trie             draftcore.speculate with a TrieDrafter carried across the dataset's prompts and
                      a CostAwareBudget (tree size from measured verify cost and draft confidence)
     trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
+and sampling with SAMPLING (T=0.7, top-p=0.9, no top-k; seeded per run, so outputs differ by design
+and the "identical" column means nothing for them):
+    plain_sample          model.generate(do_sample=True)
+    prompt_lookup_sample  model.generate(do_sample=True, prompt_lookup_num_tokens=10)
+    trie_sample           draftcore.speculate(sampling=SAMPLING), trie + CostAwareBudget as "trie"
 Steps are counted with a forward hook (a public torch API; nothing is patched).
 """
 from __future__ import annotations
@@ -22,6 +27,8 @@ from draftcore.datasets import humaneval_problems, mtbench_first_turns
 from .verifier import HFVerifier
 
 METHODS = ("plain", "prompt_lookup", "trie", "trie-fixed16")
+SAMPLE_METHODS = ("plain_sample", "prompt_lookup_sample", "trie_sample")
+SAMPLING = dict(temperature=0.7, top_p=0.9)  # transformers gets top_k=0: its GenerationConfig default is 50
 
 
 def load_model(model_path: str | None, dtype: str = "float32", attn: str = "sdpa", device: str = "cpu"):
@@ -67,18 +74,25 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
     verifier = HFVerifier(model, tokenizer=tokenizer)
     device = next(model.parameters()).device
 
-    def generate(prompt_ids, max_new_tokens, **extra) -> Run:
+    runs = {"n": 0}  # torch seeds of the HF sampling runs: 0, 1, 2, ... in call order
+
+    def generate(prompt_ids, max_new_tokens, do_sample=False, **extra) -> Run:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)[None]
+        if do_sample:
+            torch.manual_seed(runs["n"])
+            runs["n"] += 1
+            extra = dict(extra, top_k=0, **SAMPLING)
         before = counter.count
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=do_sample,
                                  max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos, **extra)
         seconds = time.perf_counter() - t0
         return Run(out[0, ids.shape[1]:].cpu().numpy().astype(np.int32), seconds, counter.count - before)
 
-    def draftcore_method(name, budget_factory):
+    def draftcore_method(name, budget_factory, sampling=None):
         state = {}
+        seeds = iter(range(1 << 62))
 
         def reset():
             state["trie"] = draftcore.TrieDrafter()
@@ -89,7 +103,8 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
                 reset()
             before = counter.count
             result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens,
-                                         drafter=state["trie"], budget=state["budget"], eos_token_id=eos)
+                                         drafter=state["trie"], budget=state["budget"], eos_token_id=eos,
+                                         sampling=None if sampling is None else dict(sampling, seed=next(seeds)))
             st = result.stats
             assert counter.count - before == st.steps, "every step is one forward"
             return Run(result.tokens, st.time_total, st.steps, st.time_drafting, dict(st.budget_hist))
@@ -102,6 +117,11 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
                                         lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
         "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
+        "plain_sample": lambda: Method("plain sampling", lambda p, n: generate(p, n, do_sample=True)),
+        "prompt_lookup_sample": lambda: Method("transformers prompt lookup, sampling",
+                                               lambda p, n: generate(p, n, do_sample=True, prompt_lookup_num_tokens=10)),
+        "trie_sample": lambda: draftcore_method("draftcore trie, sampling (auto budget)", draftcore.CostAwareBudget,
+                                                SAMPLING),
     }
     unknown = [n for n in names if n not in table]
     if unknown:
