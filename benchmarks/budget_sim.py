@@ -69,16 +69,21 @@ def simulate(traces, policy, cost, eos=2):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--costs", default="hf-cpu,llamacpp-cpu,gpu-flat")
+    parser.add_argument("--costs", default="hf-cpu,llamacpp-cpu,gpu-flat",
+                        help="names of built-in cost tables, or 'size:ms,size:ms,...' tables separated by ';'")
+    parser.add_argument("--traces", nargs="+", default=[str(SHARED_TRACES)], help="JSONL trace files")
+    parser.add_argument("--policies", default="fixed 4,fixed 8,fixed 16,fixed 64,auto")
     args = parser.parse_args()
-    traces = read_traces(SHARED_TRACES)
+    traces = [t for path in args.traces for t in read_traces(path)]
     by_set = {name: [t for t in traces if t.dataset == name] for name in ("humaneval", "mtbench")}
+    by_set = {name: subset for name, subset in by_set.items() if subset}
     rows = []
-    for cost_name in args.costs.split(","):
-        cost = cost_fn(COSTS[cost_name])
+    for cost_name in args.costs.split(";" if ":" in args.costs else ","):
+        cost = cost_fn(COSTS[cost_name] if cost_name in COSTS else
+                       {int(a): float(b) for a, b in (kv.split(":") for kv in cost_name.split(","))})
         plain = 1.0 / cost(1)
-        for label, make in [("fixed 4", lambda: FixedBudget(4)), ("fixed 16", lambda: FixedBudget(16)),
-                            ("fixed 64", lambda: FixedBudget(64)), ("auto", lambda: CostAwareBudget())]:
+        for label in args.policies.split(","):
+            make = (lambda: CostAwareBudget()) if label == "auto" else (lambda n=int(label.split()[-1]): FixedBudget(n))
             cells = [cost_name, label]
             for name, subset in by_set.items():
                 tps, budgets = simulate(subset, make(), cost)

@@ -57,33 +57,45 @@ def sample_accept(tokens, parents, probs, uniforms):
     path = np.empty(n, np.int32)
     path[0] = 0
     n_path = 1
-    i_draw = 0
+    left = np.empty(vocab, np.float64)
     u = 0
-    left = np.empty(vocab, np.float64)  # what is left of p at u after rejections
+    i_draw = 0
     while True:
-        mass = 0.0
-        for v in range(vocab):
-            left[v] = probs[u, v]
-            mass += left[v]
-        child = -1
-        for c in range(u + 1, n):
-            if parents[c] != u:
-                continue
-            pc = left[tokens[c]]
-            r = uniforms[i_draw]
-            i_draw += 1
-            if r * mass < pc:  # accept with probability pc / mass
-                child = c
-                break
-            left[tokens[c]] = 0.0
-            mass -= pc
+        child, token, i_draw = sample_step(tokens, parents, u, probs[u], uniforms, i_draw, left)
         if child < 0:
-            break
+            return path[:n_path], token
         path[n_path] = child
         n_path += 1
         u = child
+
+
+@nb.njit(cache=True)
+def sample_step(tokens, parents, u, p, uniforms, i_draw, left):
+    """One node of the sampling walk: at node u with distribution p (float32[vocab], non-negative
+    weights), try u's children in tree order. Returns (child, token, i_draw): the accepted child and
+    token -1, or child -1 and the token drawn from what is left of p; uniforms[i_draw:] are the
+    unused draws. left: float64[vocab] scratch. `sample_accept` is this step from the root down;
+    `speculate` calls it node by node, so only the nodes the walk reaches get processed logits.
+    """
+    n = tokens.shape[0]
+    vocab = p.shape[0]
+    mass = 0.0
+    for v in range(vocab):
+        left[v] = p[v]
+        mass += left[v]
+    for c in range(u + 1, n):
+        if parents[c] != u:
+            continue
+        pc = left[tokens[c]]
+        r = uniforms[i_draw]
+        i_draw += 1
+        if r * mass < pc:  # accept with probability pc / mass
+            return c, -1, i_draw
+        left[tokens[c]] = 0.0
+        mass -= pc
     # No child accepted: draw from what is left (inverse CDF over the vocabulary).
     target = uniforms[i_draw] * mass
+    i_draw += 1
     acc = 0.0
     last = -1
     for v in range(vocab):
@@ -91,9 +103,9 @@ def sample_accept(tokens, parents, probs, uniforms):
             acc += left[v]
             last = v
             if acc > target:
-                return path[:n_path], v
+                return -1, v, i_draw
     if last < 0:
         # Every token with mass was drafted and rejected: probability 0 in exact arithmetic, reached
         # only through rounding in `mass`. Fall back to u's most likely token.
-        last = np.argmax(probs[u])
-    return path[:n_path], last
+        last = np.argmax(p)
+    return -1, last, i_draw

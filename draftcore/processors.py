@@ -43,8 +43,9 @@ class LogitsProcessor:
 
     Follows a request like a drafter does: `start(prompt)`, then `update(tokens)` with every batch
     of accepted tokens; `process_next` processes the row after the context, `process_tree` the
-    rows of a verified tree, each for its own prefix. Both return new float32 arrays (the input is
-    not modified); `-inf` marks a filtered token.
+    rows of a verified tree, each for its own prefix; `probs_node` gives one node's sampling
+    distribution. All return new float32 arrays (the input is not modified); a filtered token is
+    -inf (probability 0).
 
         parameter           default  off when
         temperature         1.0      1.0        (0 is greedy: the caller takes the argmax; no warper)
@@ -119,33 +120,54 @@ class LogitsProcessor:
     # -- processing ------------------------------------------------------------------------------
     def process_next(self, logits: np.ndarray) -> np.ndarray:
         """float32[vocab]: the processed row for the token after the context (prefill)."""
-        root = np.zeros(1, np.int32)  # a root-only tree: its prefix is the context
-        return self.process_tree(logits[None, :], root, np.full(1, -1, np.int32))[0]
+        return self._process(logits[None, :], _ROOT_TOKENS, _ROOT_PARENTS, _ROOT_TOKENS)[0][0]
 
     def process_tree(self, logits: np.ndarray, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """float32[n, vocab]: row i processed for node i's prefix (context + drafted ancestors + i).
 
         logits: float32[n, vocab] from `verify(tree, "logits")`; tokens, parents: the tree's arrays.
         """
+        nodes = np.arange(tokens.shape[0], dtype=np.int32)
+        return self._process(logits, tokens, parents, nodes)[0]
+
+    def probs_node(self, logits: np.ndarray, tokens: np.ndarray, parents: np.ndarray, node: int) -> np.ndarray:
+        """float32[vocab]: softmax of `process_tree(...)[node]`, filtered tokens exactly 0, computed
+        for that one node (the sampling walk processes only the nodes it reaches).
+
+        logits: float32[n, vocab] (a tree's) or float32[vocab] (prefill: tokens/parents ignored).
+        """
+        if logits.ndim == 1:
+            rows, tokens, parents, nodes = logits[None, :], _ROOT_TOKENS, _ROOT_PARENTS, _ROOT_TOKENS
+        else:
+            rows, nodes = logits[node:node + 1], np.full(1, node, np.int32)
+        z, e = self._process(rows, tokens, parents, nodes)
+        if e is None:
+            return softmax(z)[0]
+        return e[0] / e[0].sum()
+
+    def _process(self, logits, tokens, parents, nodes):
+        """(processed logits z, exp(z - row max) with filtered tokens 0 — None when greedy) for
+        `logits` rows that belong to tree nodes `nodes` (int32, row r is node nodes[r])."""
         z = np.array(logits, np.float32, copy=True, order="C")
         if self.penalised:
-            _penalise(z, tokens, parents, self._seen, self._seen_ids, self._n_seen, self._counts,
+            _penalise(z, tokens, parents, nodes, self._seen, self._seen_ids, self._n_seen, self._counts,
                       np.float32(self.repetition_penalty), np.float32(self.presence_penalty),
                       np.float32(self.frequency_penalty))
         if not self.warp:
-            return z
+            return z, None
         if self.temperature != 1.0:
             z /= np.float32(self.temperature)
         if 0 < self.top_k < self.vocab_size:
-            kth = np.partition(z, self.vocab_size - self.top_k, axis=1)[:, self.vocab_size - self.top_k]
-            z[z < kth[:, None]] = -np.inf
-        if self.top_p < 1.0:
-            _top_p(z, self.top_p)
-        if self.min_p > 0.0:
-            with np.errstate(invalid="ignore"):
-                relative = np.exp(z - z.max(axis=1, keepdims=True))  # p[t] / max(p)
-            z[relative < np.float32(self.min_p)] = -np.inf
-        return z
+            z[z < _kth_largest(z, self.top_k)[:, None]] = -np.inf
+        zmax = z.max(axis=1)
+        e = np.exp(z - zmax[:, None])  # p / max(p), float32 like torch's softmax
+        if self.top_p < 1.0 or self.min_p > 0.0:
+            _nucleus(z, e, zmax, self.top_p, np.float32(self.min_p))
+        return z, e
+
+
+_ROOT_TOKENS = np.zeros(1, np.int32)       # a root-only tree: its prefix is the context
+_ROOT_PARENTS = np.full(1, -1, np.int32)
 
 
 _WARM = []
@@ -155,13 +177,16 @@ def warm_up_kernels() -> None:
     """Compile (or load from numba's cache) the kernels once per process, outside any timed loop."""
     if _WARM:
         return
-    from .acceptance import sample_accept
+    from .acceptance import sample_accept, sample_step
     z = np.zeros((2, 4), np.float32)
     tokens, parents = np.zeros(2, np.int32), np.array([-1, 0], np.int32)
-    _penalise(z, tokens, parents, np.zeros(4, np.bool_), np.zeros(1, np.int32), 0, np.zeros(4, np.int32),
-              np.float32(1.0), np.float32(0.0), np.float32(0.0))
-    _top_p(z, 0.5)
-    sample_accept(tokens, parents, softmax(z), np.zeros(2))
+    _penalise(z, tokens, parents, np.arange(2, dtype=np.int32), np.zeros(4, np.bool_), np.zeros(1, np.int32), 0,
+              np.zeros(4, np.int32), np.float32(1.0), np.float32(0.0), np.float32(0.0))
+    _kth_largest(z, 2)
+    _nucleus(z, softmax(z), z.max(axis=1), 0.5, np.float32(0.1))
+    probs = softmax(z)
+    sample_accept(tokens, parents, probs, np.zeros(2))
+    sample_step(tokens, parents, 0, probs[0], np.zeros(2), 0, np.zeros(4))
     _WARM.append(True)
 
 
@@ -174,39 +199,41 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 
 def checked_logits(out, shape: tuple, where: str) -> np.ndarray:
-    """Validate a backend's logits: float array of `shape`, no NaN (-inf allowed)."""
+    """Validate a backend's logits: float array of `shape`, no NaN or +inf, every row with a finite
+    logit (-inf entries allowed: a model may mask tokens)."""
     if not isinstance(out, np.ndarray) or out.shape != shape or not np.issubdtype(out.dtype, np.floating):
         raise BackendError(f"{where}: expected float32{list(shape)} logits, got {describe(out)}")
-    top = out.max()  # one reduction: NaN and +inf both propagate to it
-    if not top < np.inf:
-        raise BackendError(f"{where}: logits contain NaN or +inf (max {top})")
+    top = out.max(axis=-1)  # one reduction: NaN, +inf and an all -inf row all show in the row maxima
+    if not np.isfinite(top).all():
+        raise BackendError(f"{where}: logits contain NaN or +inf, or a row with no finite logit")
     return out
 
 
 @nb.njit(cache=True)
-def _penalise(z, tokens, parents, seen, seen_ids, n_seen, counts, repetition, presence, frequency):
-    """Repetition / presence / frequency penalties on z (float32[n, vocab]) in place, row i for the
-    prefix context + tokens[path root → i] (root excluded: it is the context's last token).
+def _penalise(z, tokens, parents, nodes, seen, seen_ids, n_seen, counts, repetition, presence, frequency):
+    """Repetition / presence / frequency penalties on z (float32[m, vocab]) in place, row r for the
+    prefix of node i = nodes[r]: context + tokens[path root → i] (root excluded: it is the
+    context's last token).
 
     seen: bool[vocab], tokens in the context; seen_ids[:n_seen]: the same, listed; counts:
-    int32[vocab], generated occurrences. Only tokens in the prefix are touched: O(n · (n_seen + depth)).
+    int32[vocab], generated occurrences. Only tokens in the prefix are touched: O(m · (n_seen + depth)).
     """
-    n = z.shape[0]
     extra = np.zeros(z.shape[1], np.int32)  # occurrences on node i's drafted path
-    for i in range(n):
+    for r in range(z.shape[0]):
+        i = nodes[r]
         j = i
         while j > 0:
             extra[tokens[j]] += 1
             j = parents[j]
         for s in range(n_seen):
             t = seen_ids[s]
-            z[i, t] = _penalty(z[i, t], counts[t] + extra[t], repetition, presence, frequency)
+            z[r, t] = _penalty(z[r, t], counts[t] + extra[t], repetition, presence, frequency)
         j = i
         while j > 0:  # drafted tokens the context lacks: penalise once, clearing `extra` as we go
             t = tokens[j]
             if extra[t] > 0:
                 if not seen[t]:
-                    z[i, t] = _penalty(z[i, t], extra[t], repetition, presence, frequency)
+                    z[r, t] = _penalty(z[r, t], extra[t], repetition, presence, frequency)
                 extra[t] = 0
             j = parents[j]
 
@@ -222,55 +249,103 @@ def _penalty(x, count, repetition, presence, frequency):
 
 
 @nb.njit(cache=True)
-def _top_p(z, top_p):
-    """Nucleus filter on z (float32[n, vocab]) in place: in descending probability, keep a token
-    while the mass before it is < top_p (transformers: remove where the ascending cumulative mass
-    is <= 1 - top_p; always keep the most likely token).
+def _kth_largest(z, k):
+    """float32[n]: the k-th largest value of each row of z (with multiplicity, as torch.topk),
+    from a min-heap of the k largest seen so far: one comparison for most of the vocabulary."""
+    n, vocab = z.shape
+    out = np.empty(n, np.float32)
+    heap = np.empty(k, np.float32)
+    for i in range(n):
+        for j in range(k):
+            heap[j] = z[i, j]
+        for j in range(k // 2 - 1, -1, -1):
+            _sift_down(heap, j, k)
+        for v in range(k, vocab):
+            x = z[i, v]
+            if x > heap[0]:
+                heap[0] = x
+                _sift_down(heap, 0, k)
+        out[i] = heap[0]
+    return out
 
-    Only the head of each row is sorted: candidates are the tokens with p >= thr · max(p); when
-    their mass reaches top_p, every kept token is among them (the kept set is a top-m set and the
-    candidates are a top-c set with c >= m). thr shrinks until that holds (at worst: all tokens).
+
+@nb.njit(cache=True, inline="always")
+def _sift_down(heap, j, k):
+    while True:
+        smallest = j
+        left = 2 * j + 1
+        if left < k and heap[left] < heap[smallest]:
+            smallest = left
+        if left + 1 < k and heap[left + 1] < heap[smallest]:
+            smallest = left + 1
+        if smallest == j:
+            return
+        heap[j], heap[smallest] = heap[smallest], heap[j]
+        j = smallest
+
+
+_BUCKETS_PER_NAT = 8   # top-p histogram: bucket b holds tokens with zmax - z in [b / 8, (b + 1) / 8)
+_N_BUCKETS = 1024      # the last bucket takes everything below zmax - 128 (where e <= 2.6e-56, or 0)
+
+
+@nb.njit(cache=True)
+def _nucleus(z, e, zmax, top_p, min_p):
+    """Top-p then min-p on z (float32[n, vocab]) and e = exp(z - zmax) in place (filtered tokens:
+    z = -inf, e = 0); zmax: float32[n], the row maxima (so the most likely token has e = 1).
+
+    Top-p (transformers: remove where the ascending cumulative mass is <= 1 - top_p, keep the most
+    likely token): in descending probability keep a token while the mass before it is < top_p.
+    Only the head of a row is sorted: one pass sums the mass per bucket of zmax - z (buckets are
+    ordered like the probabilities), the smallest bucket prefix whose mass reaches top_p holds
+    every kept token (the kept set is a top-m set, the prefix a top-c set with c >= m); a second
+    pass drops the tokens outside it and the candidates are sorted.
+    Min-p: p < min_p · max(p) is e < min_p, since max(e) = 1 (renormalising after top-p scales
+    p and max(p) alike).
     """
     n, vocab = z.shape
-    q = np.empty(vocab, np.float64)
+    mass = np.zeros(_N_BUCKETS, np.float64)
     cand = np.empty(vocab, np.int64)
-    keep = np.zeros(vocab, np.bool_)
     for i in range(n):
-        m = -np.inf
-        for v in range(vocab):
-            if z[i, v] > m:
-                m = z[i, v]
-        if m == -np.inf:
-            continue
-        total = 0.0
-        for v in range(vocab):
-            e = np.exp(np.float64(z[i, v]) - m)
-            q[v] = e
-            total += e
-        need = top_p * total
-        thr = 1.0 / 16.0
-        while True:
-            n_cand = 0
-            mass = 0.0
+        row = e[i]
+        if top_p < 1.0:
+            mass[:] = 0.0
+            total = 0.0
             for v in range(vocab):
-                if (q[v] >= thr and q[v] > 0.0) or thr == 0.0:
+                if row[v] > 0.0:
+                    mass[_bucket(zmax[i] - z[i, v])] += row[v]
+                    total += row[v]
+            need = top_p * total
+            last = 0
+            acc = mass[0]
+            while acc < need and last < _N_BUCKETS - 1:
+                last += 1
+                acc += mass[last]
+            n_cand = 0
+            for v in range(vocab):
+                if row[v] > 0.0 and _bucket(zmax[i] - z[i, v]) <= last:
                     cand[n_cand] = v
                     n_cand += 1
-                    mass += q[v]
-            if mass >= need or thr == 0.0:
-                break
-            thr = thr / 256.0 if thr > 1e-60 else 0.0
-        heads = cand[:n_cand]
-        order = np.argsort(-q[heads], kind="mergesort")  # descending p; ties: lower id first
-        before = 0.0
-        for j in range(n_cand):
-            if j > 0 and before >= need:
-                break
-            v = heads[order[j]]
-            keep[v] = True
-            before += q[v]
-        for v in range(vocab):
-            if keep[v]:
-                keep[v] = False
-            else:
-                z[i, v] = -np.inf
+                else:  # outside the head (or of probability 0 in float32, as for transformers)
+                    row[v] = 0.0
+                    z[i, v] = -np.inf
+            heads = cand[:n_cand]
+            order = np.argsort(-row[heads], kind="mergesort")  # descending p; ties: lower id first
+            before = 0.0
+            for j in range(n_cand):
+                v = heads[order[j]]
+                if j == 0 or before < need:
+                    before += row[v]
+                else:
+                    row[v] = 0.0
+                    z[i, v] = -np.inf
+        if min_p > 0.0:
+            for v in range(vocab):
+                if row[v] < min_p:
+                    row[v] = 0.0
+                    z[i, v] = -np.inf
+
+
+@nb.njit(cache=True, inline="always")
+def _bucket(gap):
+    b = gap * _BUCKETS_PER_NAT
+    return int(b) if b < _N_BUCKETS - 1 else _N_BUCKETS - 1

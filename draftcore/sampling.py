@@ -11,8 +11,10 @@ tokens; the loop itself is the same for all of them:
 
     rule              want      first token                    a verified tree
     GreedyRule        argmax    the prefill's argmax           greedy_accept(argmax per node)
-    ProcessedRule     logits    argmax or sample of the        process every row for its node's prefix;
-                                processed prefill row          greedy_accept(argmax) or sample_accept
+    ProcessedRule     logits    argmax or sample of the        greedy: process every row for its node's
+                                processed prefill row          prefix, greedy_accept(argmax); sampling:
+                                                               sample_accept's walk, processing only
+                                                               the rows of the nodes it reaches
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .acceptance import greedy_accept, sample_accept
+from .acceptance import greedy_accept, sample_step
 from .errors import BackendError, ConfigError, describe
-from .processors import LogitsProcessor, checked_logits, softmax, warm_up_kernels
+from .processors import LogitsProcessor, checked_logits, warm_up_kernels
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,7 @@ class ProcessedRule:
         self.sample = not params.is_greedy
         self.processor = LogitsProcessor.from_params(params, vocab_size)
         self.rng, self.seed = params.generator() if self.sample else (None, None)
+        self._left = np.empty(vocab_size, np.float64)  # sample_step's scratch
         warm_up_kernels()
 
     def start(self, prompt: np.ndarray) -> None:
@@ -188,18 +191,31 @@ class ProcessedRule:
         self.processor.update(tokens)
 
     def first(self, out) -> int:
-        z = self.processor.process_next(checked_logits(out, (self.vocab_size,), "verifier.prefill"))
+        logits = checked_logits(out, (self.vocab_size,), "verifier.prefill")
         if not self.sample:
-            return int(np.argmax(z))
-        probs = softmax(z)[None, :]
-        root = np.zeros(1, np.int32)
-        _, token = sample_accept(root, np.full(1, -1, np.int32), probs, self.rng.random(1))
+            return int(np.argmax(self.processor.process_next(logits)))
+        p = self.processor.probs_node(logits, _ROOT, _ROOT_PARENT, 0)
+        _, token, _ = sample_step(_ROOT, _ROOT_PARENT, 0, p, self.rng.random(1), 0, self._left)  # a leaf
         return int(token)
 
     def accept(self, tree, out) -> tuple[np.ndarray, int]:
         n = len(tree)
-        z = self.processor.process_tree(checked_logits(out, (n, self.vocab_size), "verifier.verify"),
-                                        tree.tokens, tree.parents)
+        logits = checked_logits(out, (n, self.vocab_size), "verifier.verify")
         if not self.sample:
+            z = self.processor.process_tree(logits, tree.tokens, tree.parents)
             return greedy_accept(tree.tokens, tree.parents, z.argmax(axis=1).astype(np.int32))
-        return sample_accept(tree.tokens, tree.parents, softmax(z), self.rng.random(n))
+        # acceptance.sample_accept, walked here node by node: only the reached nodes are processed.
+        tokens, parents = tree.tokens, tree.parents
+        uniforms = self.rng.random(n)
+        path = [0]
+        i_draw = 0
+        while True:
+            p = self.processor.probs_node(logits, tokens, parents, path[-1])
+            child, token, i_draw = sample_step(tokens, parents, path[-1], p, uniforms, i_draw, self._left)
+            if child < 0:
+                return np.array(path, np.int32), int(token)
+            path.append(int(child))
+
+
+_ROOT = np.zeros(1, np.int32)
+_ROOT_PARENT = np.full(1, -1, np.int32)

@@ -2,7 +2,8 @@
 
     naive_process        one row of logits processed for an explicit prefix, written the way
                          transformers' processors are (full ascending sort and cumsum for top-p)
-    naive_sample_accept  tree sampling acceptance, plus planted wrong variants the tests must catch
+    naive_sample_accept  tree sampling acceptance (naive_sample_step from the root down), plus
+                         planted wrong variants the tests must catch
     exact_sequence_probs every length-L continuation's exact probability under plain sampling
     chi2_sf              chi-square survival function (scipy is not a dependency)
     goodness_of_fit      chi-square test of observed counts against exact probabilities
@@ -70,7 +71,7 @@ VARIANTS = ("exact", "no_removal", "unmodified_residual", "unnormalised")
 
 
 def naive_sample_accept(tokens, parents, probs, uniforms, variant="exact"):
-    """Tree sampling acceptance with dicts and lists; the same uniforms as sample_accept.
+    """Tree sampling acceptance with lists: naive_sample_step from the root down.
 
     variant "exact": children in order, accept c with p(c) / mass left, remove a rejected child's
     mass, draw the next token from what is left. The wrong ones, planted for the tests to catch:
@@ -79,49 +80,49 @@ def naive_sample_accept(tokens, parents, probs, uniforms, variant="exact"):
         "unnormalised"         a rejected child's mass is removed but later children are accepted with
                                their original p(c), not renormalised
     """
-    tokens = [int(t) for t in tokens]
-    parents = [int(p) for p in parents]
-    uniforms = list(uniforms)
-    draws = iter(uniforms)
     path = [0]
-    u = 0
+    i_draw = 0
     while True:
-        p = [float(x) for x in probs[u]]
-        total = sum(p)
-        p = [x / total for x in p]
-        left = list(p)
-        mass = 1.0
-        child = None
-        for c in [c for c in range(u + 1, len(tokens)) if parents[c] == u]:
-            r = next(draws)
-            t = tokens[c]
-            if variant == "exact":
-                accept = r * mass < left[t]
-            elif variant == "no_removal":
-                accept = r < p[t]
-            elif variant == "unmodified_residual":
-                accept = r * mass < left[t]
-            else:  # unnormalised
-                accept = r < left[t]
-            if accept:
-                child = c
-                break
-            if variant != "no_removal":
-                mass -= left[t]
-                left[t] = 0.0
-        if child is None:
-            break
+        child, token, i_draw = naive_sample_step(tokens, parents, path[-1], probs[path[-1]], uniforms, i_draw,
+                                                 None, variant)
+        if child < 0:
+            return np.array(path, np.int32), token
         path.append(child)
-        u = child
+
+
+def naive_sample_step(tokens, parents, u, p, uniforms, i_draw, left=None, variant="exact"):
+    """One node of the walk, with the signature of draftcore.acceptance.sample_step (`left` unused):
+    (accepted child, -1, i_draw) or (-1, drawn token, i_draw)."""
+    p = [float(x) for x in p]
+    total = sum(p)
+    p = [x / total for x in p]
+    left = list(p)
+    mass = 1.0
+    for c in [c for c in range(u + 1, len(tokens)) if int(parents[c]) == u]:
+        r = uniforms[i_draw]
+        i_draw += 1
+        t = int(tokens[c])
+        if variant in ("exact", "unmodified_residual"):
+            accept = r * mass < left[t]
+        elif variant == "no_removal":
+            accept = r < p[t]
+        else:  # unnormalised
+            accept = r < left[t]
+        if accept:
+            return c, -1, i_draw
+        if variant != "no_removal":
+            mass -= left[t]
+            left[t] = 0.0
     final = p if variant in ("no_removal", "unmodified_residual") else left
-    target = next(draws) * sum(final)
+    target = uniforms[i_draw] * sum(final)
+    i_draw += 1
     acc = 0.0
     for v, w in enumerate(final):
         if w > 0:
             acc += w
             if acc > target:
-                return np.array(path, np.int32), v
-    return np.array(path, np.int32), int(np.argmax(probs[u]))  # as the kernel: only reached by rounding
+                return -1, v, i_draw
+    return -1, int(np.argmax(p)), i_draw  # as the kernel: only reached by rounding
 
 
 # -- exact distribution ------------------------------------------------------------------------------------

@@ -64,3 +64,23 @@ def common_prefix(a: list[int], b) -> int:
             break
         k += 1
     return k
+
+
+def preorder(parents: np.ndarray) -> np.ndarray:
+    """int32[n]: the nodes in depth-first preorder, children in index order, so the best branch
+    (root -> first child -> ...) comes first and every root path's nodes appear in path order.
+
+        node:     0 ── 1 ── 2 ── 3         preorder: 0 1 2 3 4 5 6
+                   │    └── 4
+                   └── 5 ── 6
+    """
+    n = parents.shape[0]
+    children: list[list[int]] = [[] for _ in range(n)]
+    for v in range(1, n):
+        children[parents[v]].append(v)
+    order, stack = [], [0]
+    while stack:
+        u = stack.pop()
+        order.append(u)
+        stack.extend(reversed(children[u]))
+    return np.array(order, np.int32)

