@@ -532,3 +532,56 @@ def test_wrap_llamacpp_example(tiny):
     llm = llama_cpp.Llama(str(tiny[0]), n_ctx=256, n_threads=1, n_threads_batch=1, flash_attn=True, verbose=False)
     text, stats = example.compare(llm, PROMPTS[0] * 3, max_new_tokens=16)
     assert isinstance(text, str) and stats["identical"] and stats["tokens_per_step"] >= 1.0
+
+
+# ---------------------------------------------------------------- sampling on the fixture
+
+@pytest.mark.parametrize("variant", ["exact", "no_removal"])
+def test_speculative_sampling_matches_the_exact_distribution(verifier, reference, monkeypatch, variant):
+    """Speculative sampling through llama.cpp (verify(tree, "logits"), trie-drafted trees) against the
+    exact distribution of the first 3 new tokens, enumerated from one-token forwards of the reference
+    context with the same processors (T=0.8, top-k 3: 27 sequences). Chi-square, fixed seeds. The
+    planted variant (a rejected child's mass not removed) must fail the same test."""
+    import draftcore
+    import draftcore.sampling
+    from draftcore.processors import LogitsProcessor, softmax
+    from naive_sampling import goodness_of_fit, naive_sample_step
+
+    if variant != "exact":
+        monkeypatch.setattr(draftcore.sampling, "sample_step",
+                            lambda *args: naive_sample_step(*args, variant))
+
+    params = dict(temperature=0.8, top_k=3)
+    length, n_samples = 3, 1500
+    prompt = np.array(PROMPTS[0] * 2, np.int32)
+
+    exact = {}
+
+    def enumerate_from(prefix, prob):
+        if len(prefix) == length:
+            exact[tuple(prefix)] = prob
+            return
+        processor = LogitsProcessor.from_params(draftcore.SamplingParams(**params), VOCAB)
+        context = np.r_[prompt, prefix].astype(np.int32)
+        processor.start(context)
+        p = softmax(processor.process_next(reference.last(context))[None])[0].astype(np.float64)
+        for token in np.flatnonzero(p > 0):
+            enumerate_from(prefix + [int(token)], prob * p[token] / p.sum())
+
+    enumerate_from([], 1.0)
+    assert len(exact) == 27 and abs(sum(exact.values()) - 1) < 1e-9
+
+    trie = draftcore.TrieDrafter()
+    counts, accepted_multi = {}, 0
+    for seed in range(n_samples):
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=length, drafter=trie, budget=8,
+                                     sampling=dict(params, seed=seed))
+        key = tuple(result.tokens[:length].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted_multi += sum(result.stats.accepted_hist[1:])
+    p_value, stat, df = goodness_of_fit(counts, exact)
+    if variant != "exact":
+        assert p_value < 1e-6, (variant, p_value, stat, df)
+        return
+    assert p_value > 1e-3, (p_value, stat, df, counts)
+    assert accepted_multi > 0.1 * n_samples, "drafts were never accepted: the test would test nothing"
