@@ -28,11 +28,9 @@ plus llama.cpp's `use_extra_bufts` and `n_ubatch` switches.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -77,25 +75,23 @@ def llama_settings(config: dict, threads: int) -> dict:
 
 def plain_one(v: LlamaCppVerifier, prompt, n_new, eos):
     """(a): tokens and, per new token i, the logits row that chose it."""
-    rows = [v.prefill(prompt, "logits")]
-    tokens = []
-    while True:
-        tokens.append(int(rows[-1].argmax()))
-        if tokens[-1] in eos or len(tokens) >= n_new:
-            return np.array(tokens, np.int32), rows
-        rows.append(v.verify(DraftTree.root_only(tokens[-1]), "logits")[0])
-        v.commit(np.array([0], np.int32))
+    return _plain(v, prompt, n_new, eos, lambda t: DraftTree.root_only(t))
 
 
 def plain_two(v: LlamaCppVerifier, prompt, n_new, eos):
     """(d): as (a), but each step decodes [t, t] at p, p + 1 and keeps row 0 (commit drops cell p + 1)."""
+    return _plain(v, prompt, n_new, eos, lambda t: DraftTree.chain(t, [t]))
+
+
+def _plain(v: LlamaCppVerifier, prompt, n_new, eos, step_tree):
+    """Greedy decoding that verifies step_tree(last token) each step and commits its root only."""
     rows = [v.prefill(prompt, "logits")]
     tokens = []
     while True:
         tokens.append(int(rows[-1].argmax()))
         if tokens[-1] in eos or len(tokens) >= n_new:
             return np.array(tokens, np.int32), rows
-        rows.append(v.verify(DraftTree.chain(tokens[-1], [tokens[-1]]), "logits")[0])
+        rows.append(v.verify(step_tree(tokens[-1]), "logits")[0])
         v.commit(np.array([0], np.int32))
 
 
@@ -234,7 +230,6 @@ def summary_rows(result) -> list:
 
 def probe(prompt, args, f32_path) -> list:
     """Max |logit| difference, one-token decoding vs k-token chains, per llama.cpp setting."""
-    import llama_cpp
     sizes = (2, 4, 16, 63, 64)
     grid = []
     for weights in ("q41", "f32"):

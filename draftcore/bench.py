@@ -29,11 +29,48 @@ class Run:
 
 @dataclass
 class Method:
-    """name: shown in the table; run(prompt_ids, max_new_tokens) -> Run; reset(): new dataset."""
+    """name: shown in the table; run(prompt_ids, max_new_tokens) -> Run; reset(): new dataset.
+    sampled: the method samples, so its output is compared with no other (identical is None)."""
 
     name: str
     run: Callable[[np.ndarray, int], Run]
     reset: Callable[[], None] = lambda: None
+    sampled: bool = False
+
+
+def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token_id=None, sampling=None,
+                     count_forwards: Callable[[], int] | None = None) -> Method:
+    """draftcore.speculate over `verifier` with a TrieDrafter and a budget that live across one
+    dataset's prompts (as a server keeps them across requests) and start afresh with each dataset.
+
+    budget_factory: () -> a budget for speculate (an int, "auto" or a CostAwareBudget).
+    sampling: None for greedy, else speculate's sampling options; each prompt gets the next seed.
+    count_forwards: () -> the backend's own running count of model forwards; a Run's steps are its
+        increase over the run (exact even where a long prompt takes several forwards). Default: the
+        speculate loop's steps.
+    """
+    from .drafters import TrieDrafter
+    from .speculate import speculate
+
+    state = {}
+    seeds = iter(range(1 << 62))
+
+    def reset():
+        state["trie"] = TrieDrafter()
+        state["budget"] = budget_factory()
+
+    def run(prompt_ids, max_new_tokens) -> Run:
+        if not state:
+            reset()
+        before = count_forwards() if count_forwards else 0
+        result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, drafter=state["trie"],
+                           budget=state["budget"], eos_token_id=eos_token_id,
+                           sampling=None if sampling is None else dict(sampling, seed=next(seeds)))
+        st = result.stats
+        steps = count_forwards() - before if count_forwards else st.steps
+        return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
+
+    return Method(name, run, reset, sampled=sampling is not None)
 
 
 @dataclass
@@ -47,7 +84,8 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
                   warmup: int = 1, progress=None) -> list[dict]:
     """Run every method on every prompt (methods interleaved per prompt); the first `warmup` prompts
     of each dataset are run but not recorded. The first method is the reference for identical-output
-    checks. Returns one record per (method, recorded prompt)."""
+    checks (none for sampled methods, or when the reference samples). Returns one record per
+    (method, recorded prompt)."""
     records = []
     seen: dict[str, int] = {}
     for prompt in prompts:
@@ -56,9 +94,9 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
             for method in methods:
                 method.reset()
         reference = None
-        for method in methods:
+        for i, method in enumerate(methods):
             run = method.run(prompt.ids, max_new_tokens)
-            if reference is None:
+            if i == 0 and not method.sampled:
                 reference = run.tokens
             if seen[prompt.dataset] <= warmup:
                 continue
@@ -69,8 +107,10 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
                 "tokens_per_second": n / run.seconds if run.seconds > 0 else 0.0,
                 "tokens_per_step": n / run.steps if run.steps else 0.0,
                 "drafting_share": run.drafting_seconds / run.seconds if run.seconds > 0 else 0.0,
-                "identical": bool(np.array_equal(run.tokens, reference)),
-                "first_difference": _first_difference(run.tokens, reference),
+                "identical": (None if method.sampled or reference is None
+                              else bool(np.array_equal(run.tokens, reference))),
+                "first_difference": (None if method.sampled or reference is None
+                                     else _first_difference(run.tokens, reference)),
                 "budgets": {int(k): int(v) for k, v in run.budgets.items()},
             })
         if progress is not None:
@@ -107,7 +147,8 @@ def summarize(records: list[dict], baseline: str) -> list[dict]:
             "speedup_min": float(np.min(ratios)) if ratios else float("nan"),
             "tokens_per_step": total_tokens / max(sum(r["steps"] for r in rs), 1),
             "drafting_share": float(np.median([r["drafting_share"] for r in rs])),
-            "identical": sum(r["identical"] for r in rs),
+            "identical": (None if any(r["identical"] is None for r in rs)
+                          else sum(r["identical"] for r in rs)),
         })
     return rows
 
@@ -119,8 +160,12 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['tok_s']:.1f} | "
                      f"{r['speedup']:.2f}x | {r['speedup_min']:.2f}x | {r['tokens_per_step']:.2f} | "
-                     f"{100 * r['drafting_share']:.1f}% | {r['identical']}/{r['prompts']} |")
+                     f"{100 * r['drafting_share']:.1f}% | {_identical_cell(r)} |")
     return "\n".join(lines)
+
+
+def _identical_cell(row: dict) -> str:
+    return "(sampled)" if row["identical"] is None else f"{row['identical']}/{row['prompts']}"
 
 
 def write_outputs(path_prefix: str, config: dict, records: list[dict], rows: list[dict]) -> list[str]:

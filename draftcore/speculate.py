@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .budget import as_budget_policy
-from .errors import BackendError, ConfigError, InputError, describe
+from .errors import BackendError, InputError, describe
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams, as_sampling_params, make_rule
 from .tree import DraftTree

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from draftcore import cli
-from draftcore.bench import Method, Prompt, Run, format_table, run_benchmark, summarize, write_outputs
+from draftcore.bench import (Method, Prompt, Run, draftcore_method, format_table, run_benchmark, summarize,
+                             write_outputs)
 from draftcore.traces import read_traces
 
 
@@ -42,6 +43,43 @@ def test_run_benchmark_interleaves_checks_identity_and_summarizes(tmp_path):
     assert json.load(open(paths[0]))["summary"]
     if len(paths) > 1:
         assert os.path.getsize(paths[1]) > 1000  # a real PNG
+
+
+def test_sampled_methods_are_compared_with_nothing():
+    plain = _fake_method("plain", 0.02)
+    sampled = _fake_method("sampled", 0.01)
+    sampled.sampled = True
+    prompts = [Prompt("d", i, np.array([i + 1], np.int32)) for i in range(3)]
+    records = run_benchmark([plain, sampled], prompts, 8, warmup=0)
+    assert all(r["identical"] is None for r in records if r["method"] == "sampled")
+    assert all(r["identical"] for r in records if r["method"] == "plain")
+    rows = {r["method"]: r for r in summarize(records, baseline="plain")}
+    assert rows["sampled"]["identical"] is None and rows["plain"]["identical"] == 3
+    table = format_table(list(rows.values()))
+    assert "| (sampled) |" in table and "| 3/3 |" in table
+    # a sampled reference: nothing is compared with it
+    records = run_benchmark([sampled, plain], prompts, 8, warmup=0)
+    assert all(r["identical"] is None for r in records)
+
+
+def test_draftcore_method_keeps_the_trie_per_dataset_and_counts_backend_forwards():
+    from toy import ToyModel, ToyVerifier, plain_greedy
+
+    verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
+    method = draftcore_method("dc", verifier, lambda: 4, count_forwards=lambda: verifier.n_verify)
+    assert not method.sampled
+    prompt = np.array([1, 2, 3, 1, 2, 3, 1, 2], np.int32)
+    want = plain_greedy(verifier, prompt, 24)
+    before = verifier.n_verify
+    first = method.run(prompt, 24)
+    np.testing.assert_array_equal(first.tokens, want)
+    assert first.steps == verifier.n_verify - before and first.steps < 24
+    second = method.run(prompt, 24)  # same dataset: the trie has seen this output and drafts all of it
+    assert second.steps < first.steps
+    method.reset()                   # a new dataset starts with an empty trie
+    assert method.run(prompt, 24).steps == first.steps
+    sampled = draftcore_method("dcs", verifier, lambda: 4, sampling=dict(temperature=1.0))
+    assert sampled.sampled and len(sampled.run(prompt, 8).tokens) == 8
 
 
 def test_replay_cli_on_shared_traces(capsys):

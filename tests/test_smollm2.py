@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")

@@ -39,6 +39,7 @@ import numpy as np
 
 import draftcore
 from draftcore.bench import Method, Prompt, Run
+from draftcore.bench import draftcore_method as bench_method
 from draftcore.datasets import humaneval_problems, mtbench_first_turns
 from draftcore.errors import ConfigError, InputError
 
@@ -174,23 +175,9 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
         verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True)
 
     def draftcore_method(label, budget_factory):
-        state = {}
-
-        def reset():
-            state["trie"] = draftcore.TrieDrafter()
-            state["budget"] = budget_factory()
-
-        def run(prompt_ids, max_new_tokens) -> Run:
-            if not state:
-                reset()
-            before = verifier.n_decodes
-            result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens,
-                                         drafter=state["trie"], budget=state["budget"], eos_token_id=eos)
-            st = result.stats
-            n_decodes = verifier.n_decodes - before  # == st.steps unless the prompt exceeds n_batch
-            return Run(result.tokens, st.time_total, n_decodes, st.time_drafting, dict(st.budget_hist))
-
-        return Method(label, run, reset)
+        # steps counted as llama_decode calls: a prompt longer than n_batch takes several
+        return bench_method(label, verifier, budget_factory, eos_token_id=eos,
+                            count_forwards=lambda: verifier.n_decodes)
 
     table["trie"] = lambda: draftcore_method(
         "draftcore trie (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=MAX_DRAFT_NODES))

@@ -22,6 +22,7 @@ import torch
 
 import draftcore
 from draftcore.bench import Method, Prompt, Run
+from draftcore.bench import draftcore_method as bench_method
 from draftcore.datasets import humaneval_problems, mtbench_first_turns
 
 from .verifier import HFVerifier
@@ -91,25 +92,8 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         return Run(out[0, ids.shape[1]:].cpu().numpy().astype(np.int32), seconds, counter.count - before)
 
     def draftcore_method(name, budget_factory, sampling=None):
-        state = {}
-        seeds = iter(range(1 << 62))
-
-        def reset():
-            state["trie"] = draftcore.TrieDrafter()
-            state["budget"] = budget_factory()
-
-        def run(prompt_ids, max_new_tokens) -> Run:
-            if not state:
-                reset()
-            before = counter.count
-            result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens,
-                                         drafter=state["trie"], budget=state["budget"], eos_token_id=eos,
-                                         sampling=None if sampling is None else dict(sampling, seed=next(seeds)))
-            st = result.stats
-            assert counter.count - before == st.steps, "every step is one forward"
-            return Run(result.tokens, st.time_total, st.steps, st.time_drafting, dict(st.budget_hist))
-
-        return Method(name, run, reset)
+        return bench_method(name, verifier, budget_factory, eos_token_id=eos, sampling=sampling,
+                            count_forwards=lambda: counter.count)
 
     table = {
         "plain": lambda: Method("plain greedy", lambda p, n: generate(p, n)),
@@ -117,9 +101,11 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
                                         lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
         "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
-        "plain_sample": lambda: Method("plain sampling", lambda p, n: generate(p, n, do_sample=True)),
+        "plain_sample": lambda: Method("plain sampling", lambda p, n: generate(p, n, do_sample=True),
+                                       sampled=True),
         "prompt_lookup_sample": lambda: Method("transformers prompt lookup, sampling",
-                                               lambda p, n: generate(p, n, do_sample=True, prompt_lookup_num_tokens=10)),
+                                               lambda p, n: generate(p, n, do_sample=True, prompt_lookup_num_tokens=10),
+                                               sampled=True),
         "trie_sample": lambda: draftcore_method("draftcore trie, sampling (auto budget)", draftcore.CostAwareBudget,
                                                 SAMPLING),
     }
