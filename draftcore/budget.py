@@ -7,7 +7,8 @@ follow what verifying costs on this machine and how likely the draft is to be ac
 A budget policy has three methods, called by `speculate` once per step:
     request_size() -> int          how many nodes to ask the drafter for
     choose(tree) -> int            how many drafted nodes to verify: a best-first prefix of `tree`
-    observe(tree, path, seconds)   the verify of `tree` took `seconds`; `path` was accepted
+    observe(tree, path, seconds)   the step that verified `tree` (drafting, verify, commit) took
+                                   `seconds`; `path` was accepted
 
 `FixedBudget` verifies the drafter's best n nodes every step. `CostAwareBudget` measures the
 verifier's cost per tree size while it runs and picks the size that maximises expected tokens per
@@ -41,8 +42,9 @@ class FixedBudget:
 class CostAwareBudget:
     """Pick the draft size k that maximises (1 + expected accepted tokens) / cost(k + 1 nodes).
 
-    Cost: an exponential moving average of verify seconds for each size on a menu of tree sizes
-    (1 to 6, then 8, 12, 16, 24, 32, 48, 64, ... and max_nodes + 1), each measured on its own, because
+    Cost: an exponential moving average of step seconds (drafting + verify + commit) for each size on
+    a menu of tree sizes (1 to 6, then 8, 12, 16, 24, 32, 48, 64, ... and max_nodes + 1), each
+    measured on its own, because
     the cost is not monotonic: on a CPU a 3-token forward can cost more than a 4- or 6-token one
     (matrix-kernel choice; SmolLM2 fp32 on 2 cores: 1 → 67 ms, 2 → 102, 3 → 124, 4 → 88, 6 → 86,
     8 → 100, 16 → 131). Only menu sizes are verified. A size never measured is guessed optimistically
@@ -77,7 +79,7 @@ class CostAwareBudget:
         self.optimism = positive_float("optimism", optimism, inclusive=True)
         self.explore_every = positive_int("explore_every", explore_every)
         self.sizes = _menu(self.max_nodes + 1)               # tree sizes (nodes, root included)
-        self._cost = np.full(len(self.sizes), np.nan)        # seconds per verify, by menu entry
+        self._cost = np.full(len(self.sizes), np.nan)        # seconds per step, by menu entry
         self._step = 0
         # Calibration counts per (score bin, rank bucket), with a weak prior that the score is right.
         centres = (np.arange(self._BINS) + 0.5) / self._BINS
@@ -122,8 +124,8 @@ class CostAwareBudget:
 
     # -- what it has learnt (also for reports) -------------------------------------------------
     def cost(self, n_nodes) -> np.ndarray:
-        """Estimated seconds to verify trees of `n_nodes` nodes (array-like), interpolated between
-        menu sizes."""
+        """Estimated seconds of a step that verifies trees of `n_nodes` nodes (array-like),
+        interpolated between menu sizes."""
         return np.interp(np.asarray(n_nodes, float), self.sizes, self._estimated())
 
     def acceptance_by_score(self) -> np.ndarray:

@@ -155,7 +155,10 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, rule, eos_ids, st
             t3 = time.perf_counter()
 
             n_accepted = path.shape[0] - 1
-            policy.observe(tree, path, t2 - t1)
+            # The whole step is the price of this tree size, not the verify alone: drafting, and a
+            # commit that leaves the backend's preferred branch (llama.cpp re-decodes the path's
+            # tail) grow with the tree, and a fixed per-step host cost weighs more on a fast GPU.
+            policy.observe(tree, path, t3 - t0)
             stats.steps += 1
             stats.drafted_tokens += tree.n_draft
             stats.record_accept(n_accepted)
