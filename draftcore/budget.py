@@ -16,6 +16,8 @@ second, including "no draft"; keep one object per deployment so what it learns c
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .errors import ConfigError
@@ -174,11 +176,29 @@ def _menu(largest: int) -> np.ndarray:
     return np.array(sorted(set(sizes)), np.int64)
 
 
-def as_budget_policy(budget):
-    """An int becomes a FixedBudget; "auto" a CostAwareBudget; a policy object is used as it is."""
+# budget="auto": one CostAwareBudget per verifier, created on first use and dropped with the verifier,
+# so what it measures (costs, acceptance) carries from request to request as a kept object would.
+_AUTO_BUDGETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def auto_budget(verifier) -> CostAwareBudget:
+    """The CostAwareBudget that `budget="auto"` uses with `verifier` (created on first use; a
+    verifier that cannot be weakly referenced gets a fresh one each call)."""
+    try:
+        policy = _AUTO_BUDGETS.get(verifier)
+        if policy is None:
+            policy = _AUTO_BUDGETS[verifier] = CostAwareBudget()
+        return policy
+    except TypeError:  # no __weakref__ slot, or unhashable
+        return CostAwareBudget()
+
+
+def as_budget_policy(budget, verifier=None):
+    """An int becomes a FixedBudget; "auto" the verifier's CostAwareBudget (`auto_budget`); a
+    policy object is used as it is."""
     if isinstance(budget, str):
         if budget == "auto":
-            return CostAwareBudget()
+            return auto_budget(verifier)
         raise ConfigError(f"budget: expected an int, 'auto' or a budget policy, got {budget!r}")
     if all(hasattr(budget, m) for m in ("request_size", "choose", "observe")):
         return budget

@@ -27,6 +27,9 @@ class Verifier(Protocol):
         vocab_size: number of logits per position.
         n_past: tokens whose KV is in the cache (the committed context).
         max_context: the most tokens the cache can hold (prompt + generated + one draft tree).
+        max_tree_nodes (optional): the most nodes one verify takes (e.g. llama.cpp: n_seq_max leaves,
+            n_batch tokens); `speculate` never asks the drafter for more. Absent: no limit but
+            max_context.
     """
 
     vocab_size: int

@@ -29,9 +29,9 @@ def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budg
     when greedy, with the same distribution over sequences when sampling.
 
     prompt: int32 token ids, or a string when the verifier has `encode`.
-    budget: drafted nodes verified per step: an int (fixed), "auto" (a fresh `CostAwareBudget`:
-        the tree size that maximises expected tokens per second, measured as it runs), or a
-        budget policy object (keep one per deployment so what it measures carries over).
+    budget: drafted nodes verified per step: an int (fixed), "auto" (a `CostAwareBudget`: the tree
+        size that maximises expected tokens per second, measured as it runs; one per verifier,
+        kept across calls, `draftcore.budget.auto_budget(verifier)`), or a budget policy object.
     eos_token_id: an id or a collection of ids that end generation (kept in the output).
     stop_sequences: token-id sequences that end generation once generated (kept in the output).
     sampling: None (greedy, the default), a `SamplingParams`, or a dict of its fields with
@@ -83,12 +83,15 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
             f"{prompt.shape[0] + max_new_tokens} exceeds the verifier's max_context {max_context}")
     eos_ids = _eos_ids(eos_token_id, vocab_size)
     stops = [token_array(f"stop_sequences[{i}]", s, vocab_size) for i, s in enumerate(stop_sequences)]
-    policy = as_budget_policy(budget)
+    policy = as_budget_policy(budget, verifier)
+    limit = getattr(verifier, "max_tree_nodes", None)
+    max_tree_nodes = max_context if limit is None else positive_int("verifier.max_tree_nodes", limit)
     rule = make_rule(as_sampling_params(sampling), vocab_size)
     if drafter is None:
         from .drafters.trie import TrieDrafter
         drafter = TrieDrafter()
-    generator = _decode(verifier, prompt, max_new_tokens, drafter, policy, rule, eos_ids, stops, was_text)
+    generator = _decode(verifier, prompt, max_new_tokens, max_tree_nodes, drafter, policy, rule, eos_ids, stops,
+                        was_text)
     return SpeculationStream(generator)
 
 
@@ -104,7 +107,7 @@ def _eos_ids(eos_token_id, vocab_size) -> np.ndarray:
     return token_array("eos_token_id", ids, vocab_size, allow_empty=True)
 
 
-def _decode(verifier, prompt, max_new_tokens, drafter, policy, rule, eos_ids, stops, was_text):
+def _decode(verifier, prompt, max_new_tokens, max_tree_nodes, drafter, policy, rule, eos_ids, stops, was_text):
     stats = SpeculateStats()
     n_prompt = prompt.shape[0]
     context = np.empty(n_prompt + max_new_tokens, np.int32)  # prompt + generated; grows in place
@@ -136,7 +139,8 @@ def _decode(verifier, prompt, max_new_tokens, drafter, policy, rule, eos_ids, st
 
             # The root (context[-1]) is accepted but not in the KV cache yet.
             room = min(max_new_tokens - stats.new_tokens - 1,            # tokens still wanted
-                       verifier.max_context - verifier.n_past - 1)       # cache cells left
+                       verifier.max_context - verifier.n_past - 1,       # cache cells left
+                       max_tree_nodes - 1)                               # what one verify takes
             request = min(policy.request_size(), room)
             if request > 0:
                 tree = drafter.propose(context[:n_context], request)

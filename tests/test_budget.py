@@ -82,3 +82,20 @@ def test_fixed_budget():
     assert FixedBudget(5).choose(chain(3, 0.5)) == 3
     with pytest.raises(ConfigError, match="budget"):
         FixedBudget(-1)
+
+
+def test_auto_budget_is_kept_per_verifier_across_calls():
+    from toy import ToyModel, ToyVerifier
+
+    import draftcore
+    from draftcore.budget import auto_budget
+
+    first, second = ToyVerifier(ToyModel(seed=0)), ToyVerifier(ToyModel(seed=1))
+    prompt = np.array([1, 2, 3, 1, 2, 3, 1, 2], np.int32)
+    draftcore.speculate(first, prompt, max_new_tokens=20, budget="auto")
+    policy = auto_budget(first)
+    steps_after_one = policy._step
+    assert steps_after_one > 0 and not np.isnan(policy._cost[0])   # it measured while it ran
+    draftcore.speculate(first, prompt, max_new_tokens=20, budget="auto")
+    assert auto_budget(first) is policy and policy._step > steps_after_one  # and carried on
+    assert auto_budget(second) is not policy and auto_budget(second)._step == 0

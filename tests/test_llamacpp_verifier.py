@@ -369,6 +369,41 @@ def test_speculate_equals_plain_greedy(verifier):
         assert_committed_only(verifier, len(prompt) + len(result.tokens) - 1)
 
 
+class BushDrafter:
+    """Every drafted node a child of the root: as many leaves as nodes, the most a tree can have."""
+
+    def start(self, prompt):
+        pass
+
+    def update(self, tokens):
+        pass
+
+    def finish(self):
+        pass
+
+    def propose(self, context, budget):
+        return DraftTree.build([int(context[-1])] + list(range(3, 3 + budget)), [-1] + [0] * budget)
+
+
+def test_speculate_never_drafts_more_than_one_verify_takes(tiny):
+    """A context with n_seq_max=4 verifies trees of at most 3 leaves; speculate asks for no more
+    nodes than that (max_tree_nodes), whatever the budget says, and stays exact."""
+    import draftcore
+    small = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=256, n_seq_max=4, **EXACT)
+    assert small.max_leaves == 3 and small.max_tree_nodes == 4
+    with pytest.raises(InputError, match="n_seq_max"):  # what a bigger tree would meet
+        small.prefill(np.array(PROMPTS[0], np.int32))
+        small.verify(DraftTree.build([5] + list(range(3, 8)), [-1] + [0] * 5))
+    small._discard_pending()
+    for budget in (16, "auto"):
+        result = draftcore.speculate(small, np.array(PROMPTS[0], np.int32), max_new_tokens=24,
+                                     drafter=BushDrafter(), budget=budget)
+        assert max(result.stats.budget_hist) <= 3
+        want, gaps = plain_greedy(small, PROMPTS[0], 24)
+        assert_same_greedy(result.tokens.tolist(), want, gaps, f"budget {budget}")
+    small.close()
+
+
 # ---------------------------------------------------------------- the real model, F32 (slow: ~20 s)
 # 30 layers in float32 on two backends drift further apart than the tiny fixture: ties below 1e-2.
 

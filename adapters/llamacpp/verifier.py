@@ -55,6 +55,8 @@ class LlamaCppVerifier:
         max_context: n_ctx, the cells of the KV cache; prompt + generated + one tree must fit.
         chain_only:  True when trees are verified branch by branch (see ChainOnlyWarning).
         max_leaves:  leaves a tree may have in tree mode (0 in chain-only mode).
+        max_tree_nodes: the most nodes one verify takes (n_batch, and in tree mode max_leaves + 1,
+                     since a tree of n nodes has at most n - 1 leaves); speculate drafts no more.
         n_decodes:   llama_decode calls so far; n_redecoded: tokens decoded again by commit
                      (a path that left the best branch, or chain-only mode's logits walk).
     """
@@ -73,6 +75,7 @@ class LlamaCppVerifier:
         self.max_context = limits.n_ctx
         self.max_leaves = limits.max_leaves
         self.chain_only = self.max_leaves == 0
+        self.max_tree_nodes = limits.n_batch if self.chain_only else min(limits.n_batch, self.max_leaves + 1)
         self.n_past = 0
         self.n_decodes = 0
         self.n_redecoded = 0
