@@ -230,6 +230,70 @@ def test_speculate_greedy_equals_generate(tiny_models, verifiers, attn, budget):
         assert_same_greedy(verifier, prompt, result.tokens, want, tie_tol=1e-4)
 
 
+# ------------------------------------------------------------------ the split head (head.py)
+
+class ScaledLogitsLlama(LlamaForCausalLM):
+    """A forward that is more than decoder + head (as logit scaling or soft-capping models are)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = out.logits * 0.5
+        return out
+
+
+def _copy_into(cls, seed=0):
+    source = tiny_llama(seed=seed)
+    model = cls(source.config)
+    model.load_state_dict(source.state_dict())
+    return model.eval()
+
+
+def test_split_head_is_used_on_cpu_for_a_plain_linear_head(verifiers):
+    assert all(v.split_head for v in verifiers.values())  # so the tree tests above exercise it
+
+
+@pytest.mark.parametrize("pad_single_row", [False, True])
+def test_split_head_one_row_either_way_equals_the_model(tiny_models, pad_single_row):
+    """A one-node verify's logits through the split head, padded to two rows or not (the choice
+    two_rows_beat_one makes per machine), equal the model's own forward."""
+    from draftcore.adapters.torch_hf.head import SplitHead, two_rows_beat_one
+
+    model = tiny_models["sdpa"]
+    split = SplitHead(model.get_decoder(), model.get_output_embeddings(), pad_single_row=pad_single_row)
+    ids = torch.arange(3, 10)[None]
+    with torch.inference_mode():
+        got = split(input_ids=ids, use_cache=False)
+        want = model(input_ids=ids, use_cache=False).logits[0]
+        one = split(input_ids=ids[:, :1], use_cache=False)
+    torch.testing.assert_close(got, want, atol=FP32_ATOL, rtol=0)
+    assert one.shape == (1, model.config.vocab_size)
+    torch.testing.assert_close(one, want[:1], atol=FP32_ATOL, rtol=0)
+    assert isinstance(two_rows_beat_one(model.get_output_embeddings().weight), bool)
+
+
+@pytest.mark.parametrize("variant", ["scaled logits", "head with bias"])
+def test_split_head_reproduces_the_model_or_is_not_used(variant):
+    """A forward that scales its logits must not get the split head (it would return unscaled
+    logits); a Linear head with a bias gets it, bias included. Either way tree logits equal the
+    model's own plain forwards."""
+    if variant == "scaled logits":
+        model = _copy_into(ScaledLogitsLlama)
+    else:
+        model = tiny_llama(seed=0)
+        with torch.no_grad():
+            bias = torch.linspace(-2.0, 2.0, model.lm_head.out_features)
+            model.lm_head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+            model.lm_head.bias.copy_(bias)
+    verifier = HFVerifier(model)
+    assert verifier.split_head is (variant == "head with bias")
+    rng = np.random.default_rng(3)
+    context = rng.integers(0, verifier.vocab_size, 9).astype(np.int32)
+    tree = random_tree(rng, 12, "random", verifier.vocab_size)
+    verifier.prefill(context)
+    assert_tree_matches_plain(verifier, context, tree, verifier.verify(tree, "logits"))
+
+
 # ------------------------------------------------------------------ the self-check
 
 class MaskDroppingLlama(LlamaForCausalLM):
@@ -240,10 +304,7 @@ class MaskDroppingLlama(LlamaForCausalLM):
 
 
 def _mask_dropping_model():
-    source = tiny_llama(seed=0)
-    model = MaskDroppingLlama(source.config)
-    model.load_state_dict(source.state_dict())
-    return model.eval()
+    return _copy_into(MaskDroppingLlama)
 
 
 def test_self_check_refuses_a_model_that_ignores_the_mask():
@@ -253,6 +314,7 @@ def test_self_check_refuses_a_model_that_ignores_the_mask():
 
 def test_self_check_leaves_the_verifier_empty():
     verifier = HFVerifier(_mask_dropping_model(), self_check=False)
+    assert not verifier.split_head  # the decoder would honour the mask its forward drops: not used
     with pytest.raises(BackendError, match="ignores or rebuilds the 4-D attention mask"):
         check_tree_attention(verifier)
     assert verifier.n_past == 0
@@ -404,3 +466,20 @@ def test_smollm2_text_prompt(smollm2):
     _, _, verifier = smollm2
     result = draftcore.speculate(verifier, SMOLLM2_PROMPTS[2], max_new_tokens=8)
     assert isinstance(result.text, str) and result.text == verifier.decode(result.tokens)
+
+
+def test_bench_counts_every_forward_split_head_included():
+    """The HF harness counts steps with a hook that also sees split-head verifies: plain greedy
+    takes one forward per token, draftcore one per speculate step."""
+    from draftcore.adapters.torch_hf.bench import make_methods
+
+    model = tiny_llama(seed=0)
+    plain, trie = make_methods(model, None, names=("plain", "trie-fixed16"), eos_token_id=1)
+    block = np.random.default_rng(5).integers(2, model.config.vocab_size, 10)
+    prompt = np.r_[block, block, block[:4]].astype(np.int32)
+    want = plain.run(prompt, 32)
+    assert want.steps == len(want.tokens)
+    got = trie.run(prompt, 32)
+    result = draftcore.speculate(HFVerifier(model), prompt, max_new_tokens=32, budget=16, eos_token_id=1)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert got.steps == result.stats.steps < len(got.tokens)

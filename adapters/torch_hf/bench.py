@@ -11,7 +11,7 @@ and the "identical" column means nothing for them):
     plain_sample          model.generate(do_sample=True)
     prompt_lookup_sample  model.generate(do_sample=True, prompt_lookup_num_tokens=10)
     trie_sample           draftcore.speculate(sampling=SAMPLING), trie + CostAwareBudget as "trie"
-Steps are counted with a forward hook (a public torch API; nothing is patched).
+Steps are counted with a forward hook on the decoder (a public torch API; nothing is patched).
 """
 from __future__ import annotations
 
@@ -59,11 +59,14 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
 
 
 class _ForwardCounter:
-    """Counts model forwards through a forward hook."""
+    """Counts model forwards through a forward hook on the decoder, which every forward runs once
+    (HFVerifier's CPU split head calls the decoder without the model's own forward)."""
 
     def __init__(self, model):
         self.count = 0
-        model.register_forward_hook(self._hook)
+        get_decoder = getattr(model, "get_decoder", None)
+        decoder = get_decoder() if callable(get_decoder) else None
+        (decoder if decoder is not None else model).register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
         self.count += 1

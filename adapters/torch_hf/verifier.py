@@ -27,7 +27,9 @@ from draftcore.tree import DraftTree
 from draftcore.validate import positive_int, token_array
 
 from . import kv_cache
+from .head import checked_split_head
 from .masks import tree_attention_mask
+from .selfcheck import RELATIVE_TOLERANCE, check_tree_attention
 
 _WANTS = ("argmax", "logits")
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -76,8 +78,10 @@ class HFVerifier:
         self._n_past = 0            # committed tokens in the cache
         self._tree = None           # last verified, not yet committed DraftTree (its KV follows n_past)
 
+        # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
+        self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
+                                              RELATIVE_TOLERANCE.get(self._dtype, RELATIVE_TOLERANCE[torch.float32]))
         if self_check:
-            from .selfcheck import check_tree_attention
             check_tree_attention(self)
 
     # ---------------------------------------------------------------- protocol attributes
@@ -106,6 +110,12 @@ class HFVerifier:
     def dtype(self) -> torch.dtype:
         """The model's dtype (also the dtype of the additive tree mask)."""
         return self._dtype
+
+    @property
+    def split_head(self) -> bool:
+        """True when verify runs the decoder and then `W @ hidden.T` (CPU; head.py), False when
+        every forward is the model's own."""
+        return self._split_head is not None
 
     @property
     def device(self) -> torch.device:
@@ -160,9 +170,12 @@ class HFVerifier:
                 ids = torch.from_numpy(tree.tokens).to(self._device, torch.long)[None]
                 positions = torch.from_numpy(tree.position_ids(self._n_past)).to(self._device)[None]
                 mask = tree_attention_mask(tree.ancestor_mask(), self._n_past, self._dtype, self._device)
-                out = self._model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                                  past_key_values=self._cache, use_cache=True)
-                logits = _logits(out)[0]  # [n, vocab] on the model's device
+                forward = dict(input_ids=ids, position_ids=positions, attention_mask=mask,
+                               past_key_values=self._cache, use_cache=True)
+                if self._split_head is not None:
+                    logits = self._split_head(**forward)             # [n, vocab] on the model's device
+                else:
+                    logits = _logits(self._model(**forward))[0]
                 if want == "argmax":
                     result = logits.argmax(-1).to(torch.int32).cpu().numpy()
                 else:
@@ -249,7 +262,7 @@ class HFVerifier:
 
     def __repr__(self) -> str:
         return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
-                f"n_past={self._n_past}, max_context={self._max_context})")
+                f"n_past={self._n_past}, max_context={self._max_context}, split_head={self.split_head})")
 
 
 def _max_context(text_config, max_context) -> int:
