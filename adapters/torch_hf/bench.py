@@ -25,6 +25,7 @@ from draftcore.bench import Method, Prompt, Run
 from draftcore.bench import draftcore_method as bench_method
 from draftcore.datasets import humaneval_problems, mtbench_first_turns
 
+from .head import decoder_of
 from .verifier import HFVerifier
 
 METHODS = ("plain", "prompt_lookup", "trie", "trie-fixed16")
@@ -64,9 +65,7 @@ class _ForwardCounter:
 
     def __init__(self, model):
         self.count = 0
-        get_decoder = getattr(model, "get_decoder", None)
-        decoder = get_decoder() if callable(get_decoder) else None
-        (decoder if decoder is not None else model).register_forward_hook(self._hook)
+        (decoder_of(model) or model).register_forward_hook(self._hook)
 
     def _hook(self, module, args, output):
         self.count += 1

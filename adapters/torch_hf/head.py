@@ -29,7 +29,8 @@ import torch
 
 from draftcore.tree import DraftTree
 
-from .masks import tree_attention_mask
+from .masks import tree_forward_inputs
+from .selfcheck import relative_error
 
 
 class SplitHead:
@@ -62,30 +63,30 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     otherwise, and the verifier then calls the model's forward as it is."""
     if device.type != "cpu":
         return None  # GPU GEMMs read the weight in place already: nothing to gain
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else None
+    decoder = decoder_of(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if decoder is None or decoder is model or type(head) is not torch.nn.Linear:
+    if decoder is None or type(head) is not torch.nn.Linear:
         return None
     split = SplitHead(decoder, head)
     tree = DraftTree.build(np.random.default_rng(0).integers(0, vocab_size, 5), [-1, 0, 1, 0, 3])
-    forward = dict(input_ids=torch.from_numpy(tree.tokens).to(device, torch.long)[None],
-                   position_ids=torch.from_numpy(tree.position_ids(0)).to(device)[None],
-                   attention_mask=tree_attention_mask(tree.ancestor_mask(), 0, dtype, device),
-                   use_cache=False)
+    forward = dict(tree_forward_inputs(tree, 0, dtype, device), use_cache=False)
     try:
         with torch.inference_mode():
-            want = model(**forward).logits[0].float()
-            got = split(**forward).float()
+            want = model(**forward).logits[0].float().cpu().numpy()
+            got = split(**forward).float().cpu().numpy()
     except Exception:  # a decoder that needs more than the model forward's arguments
         return None
-    if got.shape != want.shape:
-        return None
-    error = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
-    if not error <= tolerance:
+    if got.shape != want.shape or not relative_error(got, want) <= tolerance:
         return None
     split.pad_single_row = two_rows_beat_one(head.weight)
     return split
+
+
+def decoder_of(model):
+    """`model.get_decoder()` when the model has one distinct from itself, else None."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    return None if decoder is model else decoder
 
 
 def two_rows_beat_one(weight: torch.Tensor, reps: int = 3) -> bool:

@@ -14,6 +14,14 @@ import numpy as np
 import torch
 
 
+def tree_forward_inputs(tree, n_past: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """input_ids, position_ids and the additive attention_mask of one tree forward after n_past
+    cached positions (the model-forward keyword arguments every tree forward passes)."""
+    return dict(input_ids=torch.from_numpy(tree.tokens).to(device, torch.long)[None],
+                position_ids=torch.from_numpy(tree.position_ids(n_past)).to(device)[None],
+                attention_mask=tree_attention_mask(tree.ancestor_mask(), n_past, dtype, device))
+
+
 def tree_attention_mask(ancestors: np.ndarray, n_past: int, dtype: torch.dtype,
                         device: torch.device) -> torch.Tensor:
     """Additive mask float[1, 1, n, n_past + n] of `dtype` on `device` for one tree forward.

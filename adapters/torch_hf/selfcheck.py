@@ -65,7 +65,7 @@ def check_tree_attention(verifier) -> None:
         ("tree branch b (nodes 3, 4)", got_tree[3:], want_b[1:3]),
         ("verify after commit([0, 3, 4])", got_after, want_b[3:]),
     ]
-    tol = RELATIVE_TOLERANCE.get(verifier.dtype, RELATIVE_TOLERANCE[torch.float32])
+    tol = tolerance(verifier.dtype)
     for what, got, want in checks:
         err = relative_error(got, want)
         if not err <= tol:  # also catches NaN
@@ -75,6 +75,11 @@ def check_tree_attention(verifier) -> None:
                 f"the 4-D attention mask (attn_implementation="
                 f"{getattr(verifier.model.config, '_attn_implementation', None)!r}); load it with "
                 f"attn_implementation='sdpa' or 'eager', or pass self_check=False at your own risk.")
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """RELATIVE_TOLERANCE for `dtype` (float32's for any other dtype)."""
+    return RELATIVE_TOLERANCE.get(dtype, RELATIVE_TOLERANCE[torch.float32])
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:

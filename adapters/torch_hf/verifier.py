@@ -14,8 +14,9 @@ a gather of the tail otherwise) and drops the rest of the tree.
 The model is not patched, wrapped or copied: only its public forward is called, with a 4-D mask,
 explicit positions and a cache owned here. On CPU, verify calls the model's own decoder and output
 Linear in two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few
-rows), when a check at construction shows the two give the forward's logits. A model that ignores the 4-D mask would silently give
-wrong logits, so the constructor checks it on a small branching tree (selfcheck.py).
+rows), when a check at construction shows the two give the forward's logits. A model that ignores
+the 4-D mask would silently give wrong logits, so the constructor checks it on a small branching
+tree (selfcheck.py).
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from draftcore.validate import positive_int, token_array
 
 from . import kv_cache
 from .head import checked_split_head
-from .masks import tree_attention_mask
-from .selfcheck import RELATIVE_TOLERANCE, check_tree_attention
+from .masks import tree_forward_inputs
+from .selfcheck import check_tree_attention, tolerance
 
 _WANTS = ("argmax", "logits")
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -82,7 +83,7 @@ class HFVerifier:
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
-                                              RELATIVE_TOLERANCE.get(self._dtype, RELATIVE_TOLERANCE[torch.float32]))
+                                              tolerance(self._dtype))
         if self_check:
             check_tree_attention(self)
 
@@ -169,10 +170,7 @@ class HFVerifier:
         self._drop_tree()
         try:
             with torch.inference_mode():
-                ids = torch.from_numpy(tree.tokens).to(self._device, torch.long)[None]
-                positions = torch.from_numpy(tree.position_ids(self._n_past)).to(self._device)[None]
-                mask = tree_attention_mask(tree.ancestor_mask(), self._n_past, self._dtype, self._device)
-                forward = dict(input_ids=ids, position_ids=positions, attention_mask=mask,
+                forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
                                past_key_values=self._cache, use_cache=True)
                 if self._split_head is not None:
                     logits = self._split_head(**forward)             # [n, vocab] on the model's device
