@@ -96,9 +96,11 @@ def tiny_models():
     return {attn: tiny_llama(seed=0, attn_implementation=attn) for attn in ATTENTIONS}
 
 
-@pytest.fixture(scope="module")
-def verifiers(tiny_models):
-    return {attn: HFVerifier(model) for attn, model in tiny_models.items()}
+@pytest.fixture(scope="module", params=[0, 64], ids=["linear", "weight-major"])
+def verifiers(tiny_models, request):
+    """Every tree test runs twice: the decoder's Linear layers as torch runs them, and all of them
+    as `W @ x.T` inside WeightMajorLinear (weight_major.py; on the tiny models timing would pick 0)."""
+    return {attn: HFVerifier(model, weight_major_rows=request.param) for attn, model in tiny_models.items()}
 
 
 # ------------------------------------------------------------------ tree forwards
@@ -250,6 +252,43 @@ def _copy_into(cls, seed=0):
 
 def test_split_head_is_used_on_cpu_for_a_plain_linear_head(verifiers):
     assert all(v.split_head for v in verifiers.values())  # so the tree tests above exercise it
+    assert len({v.weight_major_rows for v in verifiers.values()}) == 1
+
+
+def test_weight_major_linear_equals_f_linear_or_passes_through():
+    """Inside the mode, CPU F.linear of 1, 2 and 7 rows (with and without bias, 2-D and 3-D input)
+    equals torch's own; a dtype mismatch is left to torch, which raises as it would outside."""
+    from draftcore.adapters.torch_hf.weight_major import WeightMajorLinear
+
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 16, generator=gen), torch.randn(48, generator=gen)
+    for shape in [(1, 16), (2, 16), (1, 7, 16), (3, 1, 16)]:
+        x = torch.randn(*shape, generator=gen)
+        for b in (None, bias):
+            want = torch.nn.functional.linear(x, weight, b)
+            with WeightMajorLinear():
+                got = torch.nn.functional.linear(x, weight, b)
+                viewed = got.view(*shape[:-1], 6, 8)  # callers reshape the result with .view()
+            assert got.shape == want.shape and got.is_contiguous()
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            assert viewed.shape[-2:] == (6, 8)
+    with pytest.raises(RuntimeError), WeightMajorLinear():
+        torch.nn.functional.linear(torch.ones(2, 16, dtype=torch.float64), weight)
+
+
+def test_weight_major_rows_is_measured_checked_and_validated(tiny_models):
+    """The default measures (an int from the menu of sizes); a model whose decoder gives other
+    logits inside the mode keeps torch's Linear; a bad value is a ConfigError."""
+    from draftcore.adapters.torch_hf.weight_major import faster_rows
+
+    model = tiny_models["sdpa"]
+    assert HFVerifier(model).weight_major_rows in (0, 1, 2, 4, 8)
+    assert faster_rows(model.get_decoder(), model.config.vocab_size, torch.device("cpu"), margin=10.0) == 8
+    assert faster_rows(model.get_decoder(), model.config.vocab_size, torch.device("cpu"), margin=0.0) == 0
+    assert HFVerifier(_copy_into(LinearSensitiveLlama), weight_major_rows=8).weight_major_rows == 0
+    for bad in (-1, 2.5, "4"):
+        with pytest.raises(ConfigError, match="weight_major_rows"):
+            HFVerifier(model, weight_major_rows=bad)
 
 
 @pytest.mark.parametrize("pad_single_row", [False, True])
@@ -292,6 +331,21 @@ def test_split_head_reproduces_the_model_or_is_not_used(variant):
     tree = random_tree(rng, 12, "random", verifier.vocab_size)
     verifier.prefill(context)
     assert_tree_matches_plain(verifier, context, tree, verifier.verify(tree, "logits"))
+
+
+class LinearSensitiveLlama(LlamaForCausalLM):
+    """A model whose layers' output depends on the Linear kernel: under WeightMajorLinear its MLPs
+    return zeros (standing in for any module whose F.linear must not be rerouted)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        for layer in self.model.layers:
+            layer.mlp.register_forward_hook(_zero_when_rerouted)
+
+
+def _zero_when_rerouted(module, args, output):
+    from torch.overrides import _get_current_function_mode
+    return output * 0 if _get_current_function_mode() is not None else output
 
 
 # ------------------------------------------------------------------ the self-check

@@ -14,6 +14,9 @@ computes two identical rows where the machine's 2-row GEMM beats its GEMV (timed
 construction: 3.5-5.8 ms vs 10.4 here; on other CPUs GEMV may win). A tree of 4-8 nodes costs ~12%
 less to verify, a one-node step ~10% less.
 
+Trees of up to `SplitHead.weight_major_rows` nodes also run the decoder's Linear layers as
+`W @ x.T` (weight_major.py), where that measured faster at construction.
+
 Only the model's public modules are called; nothing is patched. Whether decoder + head equals the
 model's forward is not assumed: `checked_split_head` runs both on a small tree-masked batch, as
 `verify` calls them, and returns None (use the model's forward) for any model where they differ
@@ -31,22 +34,30 @@ from draftcore.tree import DraftTree
 
 from .masks import tree_forward_inputs
 from .selfcheck import relative_error
+from .weight_major import WeightMajorLinear, faster_rows
 
 
 class SplitHead:
     """Calls the decoder, then projects its last hidden states with `weight @ hidden.T` (+ bias).
 
     pad_single_row: compute a one-row projection as two identical rows (a GEMM, not a GEMV).
+    weight_major_rows: forwards of up to this many tokens run the decoder inside
+        `WeightMajorLinear` (weight_major.py: its Linear layers as `W @ x.T` too); 0 never.
     """
 
-    def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False):
+    def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False, weight_major_rows: int = 0):
         self._decoder = decoder
         self._head = head
         self.pad_single_row = pad_single_row
+        self.weight_major_rows = weight_major_rows
 
     def __call__(self, **forward_kwargs) -> torch.Tensor:
         """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's."""
-        hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
+        if forward_kwargs["input_ids"].shape[-1] <= self.weight_major_rows:
+            with WeightMajorLinear():
+                hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
+        else:
+            hidden = self._decoder(**forward_kwargs).last_hidden_state[0]
         n = hidden.shape[0]
         if n == 1 and self.pad_single_row:
             hidden = hidden.repeat(2, 1)  # a real copy: an expand()ed row is slower than either
@@ -57,29 +68,43 @@ class SplitHead:
         return logits
 
 
-def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_size: int, tolerance: float):
+def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_size: int, tolerance: float,
+                       weight_major_rows: int | None = None):
     """A SplitHead when it applies (CPU, a decoder and a plain Linear head) and reproduces the
     model's own logits on a small tree within `tolerance` (relative to the largest logit); None
-    otherwise, and the verifier then calls the model's forward as it is."""
+    otherwise, and the verifier then calls the model's forward as it is.
+
+    weight_major_rows: the SplitHead's (None: measured, `weight_major.faster_rows`); 0 as well when
+    the decoder inside `WeightMajorLinear` does not reproduce the model's logits."""
     if device.type != "cpu":
         return None  # GPU GEMMs read the weight in place already: nothing to gain
     decoder = decoder_of(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is None or type(head) is not torch.nn.Linear:
         return None
-    split = SplitHead(decoder, head)
     tree = DraftTree.build(np.random.default_rng(0).integers(0, vocab_size, 5), [-1, 0, 1, 0, 3])
     forward = dict(tree_forward_inputs(tree, 0, dtype, device), use_cache=False)
     try:
         with torch.inference_mode():
             want = model(**forward).logits[0].float().cpu().numpy()
-            got = split(**forward).float().cpu().numpy()
-    except Exception:  # a decoder that needs more than the model forward's arguments
+    except Exception:  # left to the verifier's own calls, which report it
         return None
-    if got.shape != want.shape or not relative_error(got, want) <= tolerance:
+
+    def reproduces(split: SplitHead) -> bool:
+        try:
+            with torch.inference_mode():
+                got = split(**forward).float().cpu().numpy()
+        except Exception:  # a decoder that needs more than the model forward's arguments
+            return False
+        return got.shape == want.shape and relative_error(got, want) <= tolerance
+
+    if not reproduces(SplitHead(decoder, head)):
         return None
-    split.pad_single_row = two_rows_beat_one(head.weight)
-    return split
+    if weight_major_rows != 0 and not reproduces(SplitHead(decoder, head, weight_major_rows=len(tree))):
+        weight_major_rows = 0
+    if weight_major_rows is None:
+        weight_major_rows = faster_rows(decoder, vocab_size, device)
+    return SplitHead(decoder, head, two_rows_beat_one(head.weight), weight_major_rows)
 
 
 def decoder_of(model):

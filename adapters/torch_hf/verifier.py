@@ -14,7 +14,8 @@ a gather of the tail otherwise) and drops the rest of the tree.
 The model is not patched, wrapped or copied: only its public forward is called, with a 4-D mask,
 explicit positions and a cache owned here. On CPU, verify calls the model's own decoder and output
 Linear in two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few
-rows), when a check at construction shows the two give the forward's logits. A model that ignores
+rows), when a check at construction shows the two give the forward's logits; small trees also run
+the decoder's Linear layers that way (weight_major.py). A model that ignores
 the 4-D mask would silently give wrong logits, so the constructor checks it on a small branching
 tree (selfcheck.py).
 """
@@ -50,9 +51,13 @@ class HFVerifier:
     self_check: run one branching tree through the model at construction and compare with plain
         forwards; raise BackendError if the model ignores the tree mask (see selfcheck.py).
     tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
+    weight_major_rows: CPU only: trees of up to this many nodes run the decoder's Linear layers as
+        `W @ x.T` (weight_major.py); None (default) picks the largest size where that is faster on
+        this machine by timing the decoder at construction (~2 s for a 135M model); 0 turns it off.
     """
 
-    def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None):
+    def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None,
+                 weight_major_rows: int | None = None):
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ConfigError(f"model: expected a transformers causal LM (with .config), got {describe(model)}")
@@ -74,6 +79,8 @@ class HFVerifier:
         self._vocab_size = positive_int("model.config.vocab_size", getattr(text_config, "vocab_size", None))
         self._max_context = _max_context(text_config, max_context)
         # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
+        if weight_major_rows is not None:
+            weight_major_rows = positive_int("weight_major_rows", weight_major_rows, minimum=0)
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
 
@@ -83,7 +90,7 @@ class HFVerifier:
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
-                                              tolerance(self._dtype))
+                                              tolerance(self._dtype), weight_major_rows)
         if self_check:
             check_tree_attention(self)
 
@@ -119,6 +126,12 @@ class HFVerifier:
         """True when verify runs the decoder and then `W @ hidden.T` (CPU; head.py), False when
         every forward is the model's own."""
         return self._split_head is not None
+
+    @property
+    def weight_major_rows(self) -> int:
+        """Trees of up to this many nodes run the decoder's Linear layers as `W @ x.T` (CPU;
+        weight_major.py); 0 when never."""
+        return 0 if self._split_head is None else self._split_head.weight_major_rows
 
     @property
     def device(self) -> torch.device:
@@ -262,7 +275,7 @@ class HFVerifier:
 
     def __repr__(self) -> str:
         return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
-                f"n_past={self._n_past}, max_context={self._max_context}, split_head={self.split_head})")
+                f"n_past={self._n_past}, max_context={self._max_context}, split_head={self.split_head}, weight_major_rows={self.weight_major_rows})")
 
 
 def _max_context(text_config, max_context) -> int:
