@@ -528,7 +528,7 @@ def test_bench_counts_every_forward_split_head_included():
     from draftcore.adapters.torch_hf.bench import make_methods
 
     model = tiny_llama(seed=0)
-    plain, trie = make_methods(model, None, names=("plain", "trie-fixed16"), eos_token_id=1)
+    plain, trie, nodraft = make_methods(model, None, names=("plain", "trie-fixed16", "nodraft"), eos_token_id=1)
     block = np.random.default_rng(5).integers(2, model.config.vocab_size, 10)
     prompt = np.r_[block, block, block[:4]].astype(np.int32)
     want = plain.run(prompt, 32)
@@ -537,3 +537,6 @@ def test_bench_counts_every_forward_split_head_included():
     result = draftcore.speculate(HFVerifier(model), prompt, max_new_tokens=32, budget=16, eos_token_id=1)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     assert got.steps == result.stats.steps < len(got.tokens)
+    alone = nodraft.run(prompt, 32)  # the verifier's forward alone: one token per step, as plain
+    np.testing.assert_array_equal(alone.tokens, want.tokens)
+    assert alone.steps == len(alone.tokens) and alone.budgets == {0: len(alone.tokens) - 1}

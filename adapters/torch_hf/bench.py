@@ -6,6 +6,9 @@ Methods (all on the same model object), greedy:
     trie             draftcore.speculate with a TrieDrafter carried across the dataset's prompts and
                      a CostAwareBudget (tree size from measured verify cost and draft confidence)
     trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
+    nodraft          draftcore.speculate with a budget of 0: every step verifies the root alone, so
+                     its speedup is the verifier's forward against generate's (on CPU: the split head
+                     and weight-major Linear layers), and trie / nodraft is what drafting adds
 and sampling with SAMPLING (T=0.7, top-p=0.9, no top-k; seeded per run, so outputs differ by design
 and the "identical" column means nothing for them):
     plain_sample          model.generate(do_sample=True)
@@ -28,7 +31,7 @@ from draftcore.datasets import humaneval_problems, mtbench_first_turns
 from .head import decoder_of
 from .verifier import HFVerifier
 
-METHODS = ("plain", "prompt_lookup", "trie", "trie-fixed16")
+METHODS = ("plain", "prompt_lookup", "nodraft", "trie", "trie-fixed16")
 SAMPLE_METHODS = ("plain_sample", "prompt_lookup_sample", "trie_sample")
 SAMPLING = dict(temperature=0.7, top_p=0.9)  # transformers gets top_k=0: its GenerationConfig default is 50
 
@@ -103,6 +106,7 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
                                         lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
         "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
+        "nodraft": lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0),
         "plain_sample": lambda: Method("plain sampling", lambda p, n: generate(p, n, do_sample=True),
                                        sampled=True),
         "prompt_lookup_sample": lambda: Method("transformers prompt lookup, sampling",
