@@ -47,8 +47,9 @@ class CostAwareBudget:
     Cost: an exponential moving average of step seconds (drafting + verify + commit) for each size on
     a menu of tree sizes (1 to 6, then 8, 12, 16, 24, 32, 48, 64, ... and max_nodes + 1), each
     measured on its own, because the cost is not monotonic: on a CPU a 3-token forward can cost more
-    than a 4- or 6-token one (matrix-kernel choice; SmolLM2 fp32 on 2 cores: 1 → 54 ms, 2 → 77, 3 → 92, 4 → 78, 6 → 74,
-    8 → 80, 16 → 101). Only menu sizes are verified. A size never measured is guessed optimistically
+    than a 4-token one, a 2-token one less than a 1-token one (matrix-kernel choice; HFVerifier, SmolLM2
+    fp32 on 2 cores: 1 → 46 ms, 2 → 44, 3 → 57, 4 → 55, 6 → 73, 8 → 78, 16 → 99). Only menu sizes
+    are verified. A size never measured is guessed optimistically
     from the plain step's cost, so bigger trees get tried, measured and then kept or dropped.
     Acceptance: the drafter's score of each node (its estimate that the node's path is accepted)
     is calibrated against what was really accepted, per score bin and rank in the best-first order
