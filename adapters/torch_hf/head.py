@@ -25,7 +25,7 @@ the mask — which the tree self-check then refuses — or does anything else be
 """
 from __future__ import annotations
 
-import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -34,7 +34,8 @@ from draftcore.tree import DraftTree
 
 from .masks import tree_forward_inputs
 from .selfcheck import relative_error
-from .weight_major import WeightMajorLinear, faster_rows
+from .timing import interleaved_medians
+from .weight_major import WeightMajorLinear, faster_rows, weight_major_product
 
 
 class SplitHead:
@@ -53,19 +54,11 @@ class SplitHead:
 
     def __call__(self, **forward_kwargs) -> torch.Tensor:
         """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's."""
-        if forward_kwargs["input_ids"].shape[-1] <= self.weight_major_rows:
-            with WeightMajorLinear():
-                hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
-        else:
-            hidden = self._decoder(**forward_kwargs).last_hidden_state[0]
-        n = hidden.shape[0]
-        if n == 1 and self.pad_single_row:
-            hidden = hidden.repeat(2, 1)  # a real copy: an expand()ed row is slower than either
-        # [vocab, n] then transposed: a strided view is fine for argmax and for .numpy()
-        logits = torch.matmul(self._head.weight, hidden.T).T[:n]
-        if self._head.bias is not None:
-            logits = logits + self._head.bias
-        return logits
+        weight_major = forward_kwargs["input_ids"].shape[-1] <= self.weight_major_rows
+        with WeightMajorLinear() if weight_major else nullcontext():
+            hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
+        # a strided [n, vocab] view: fine for argmax and for .numpy()
+        return weight_major_product(hidden, self._head.weight, self._head.bias, self.pad_single_row)
 
 
 def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_size: int, tolerance: float,
@@ -115,16 +108,10 @@ def decoder_of(model):
 
 
 def two_rows_beat_one(weight: torch.Tensor, reps: int = 3) -> bool:
-    """Whether `weight @ x.T` of two rows takes less time than of one on this machine (medians of
-    `reps` interleaved runs after one warm-up of each)."""
+    """Whether `weight @ x.T` of two rows takes less time than of one on this machine
+    (`timing.interleaved_medians`)."""
     one = torch.ones(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
     two = one.repeat(2, 1)
-    seconds = {1: [], 2: []}
-    with torch.inference_mode():
-        for rep in range(reps + 1):
-            for rows, x in ((1, one), (2, two)):
-                start = time.perf_counter()
-                torch.matmul(weight, x.T)
-                if rep:
-                    seconds[rows].append(time.perf_counter() - start)
-    return float(np.median(seconds[2])) < float(np.median(seconds[1]))
+    seconds = interleaved_medians({1: lambda: torch.matmul(weight, one.T), 2: lambda: torch.matmul(weight, two.T)},
+                                  reps)
+    return seconds[2] < seconds[1]

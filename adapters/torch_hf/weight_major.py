@@ -23,12 +23,15 @@ head's construction check (head.py) runs the mode on a tree-masked batch against
 """
 from __future__ import annotations
 
-import time
+from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from .timing import interleaved_medians
 
 _PLAIN_WEIGHTS = (torch.Tensor, torch.nn.Parameter)
 
@@ -53,14 +56,20 @@ def _weight_major_linear(input, weight, bias=None):
     rows = input.numel() // input.shape[-1] if input.shape[-1] else 0
     if rows == 0:
         return None
-    x = input.reshape(rows, input.shape[-1])
-    if rows == 1:
-        x = x.repeat(2, 1)  # a 2-row GEMM beats the GEMV (module docstring); a real copy, not expand()
+    out = weight_major_product(input.reshape(rows, input.shape[-1]), weight, bias, pad_single_row=True)
     # contiguous: callers .view() the result, and the transposed product's strides would not allow it
-    out = torch.matmul(weight, x.T).T[:rows].contiguous()
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*input.shape[:-1], weight.shape[0])
+    return out.contiguous().reshape(*input.shape[:-1], weight.shape[0])
+
+
+def weight_major_product(x: torch.Tensor, weight: torch.Tensor, bias=None, pad_single_row: bool = True):
+    """`x @ weight.T + bias` for 2-D x [rows, in], computed as `(weight @ x.T).T`: a [rows, out]
+    view with transposed strides. pad_single_row: one row is computed as two identical rows (a
+    2-row GEMM beats the GEMV here; module docstring)."""
+    rows = x.shape[0]
+    if rows == 1 and pad_single_row:
+        x = x.repeat(2, 1)  # a real copy: an expand()ed row is slower than either
+    out = torch.matmul(weight, x.T).T[:rows]
+    return out if bias is None else out + bias
 
 
 def faster_rows(decoder, vocab_size: int, device: torch.device, sizes=(1, 2, 4, 8), reps: int = 3,
@@ -70,22 +79,16 @@ def faster_rows(decoder, vocab_size: int, device: torch.device, sizes=(1, 2, 4, 
     interleaved runs after one warm-up each; the margin keeps sizes near break-even (SmolLM2 here:
     6-8 tokens, where the two differ by less than the run-to-run noise) from being picked by chance."""
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, vocab_size, max(sizes))).to(device)[None]
-    seconds = {(n, mode): [] for n in sizes for mode in (False, True)}
-    with torch.inference_mode():
-        for rep in range(reps + 1):
-            for n in sizes:
-                for mode in (False, True):
-                    start = time.perf_counter()
-                    if mode:
-                        with WeightMajorLinear():
-                            decoder(input_ids=ids[:, :n], use_cache=False)
-                    else:
-                        decoder(input_ids=ids[:, :n], use_cache=False)
-                    if rep:
-                        seconds[n, mode].append(time.perf_counter() - start)
+
+    def forward(n, mode):
+        with WeightMajorLinear() if mode else nullcontext():
+            decoder(input_ids=ids[:, :n], use_cache=False)
+
+    seconds = interleaved_medians({(n, mode): partial(forward, n, mode) for n in sizes for mode in (False, True)},
+                                  reps)
     best = 0
     for n in sizes:
-        if np.median(seconds[n, True]) > margin * np.median(seconds[n, False]):
+        if seconds[n, True] > margin * seconds[n, False]:
             break
         best = n
     return best
