@@ -12,8 +12,8 @@ from _common import SHARED_TRACES, markdown_table
 
 from draftcore import CostAwareBudget, FixedBudget, TrieDrafter
 from draftcore.acceptance import greedy_accept
-from draftcore.replay import TraceVerifier
-from draftcore.traces import read_traces
+from draftcore.tools.replay import TraceVerifier
+from draftcore.tools.traces import read_traces
 
 # ms per forward by number of tokens (DESIGN.md; larger sizes measured by benchmarks/hf_verify_cost.py)
 COSTS = {

@@ -11,9 +11,9 @@ import time
 from _common import SHARED_TRACES, markdown_table, write_json
 
 from draftcore import TrieDrafter
-from draftcore.canonical import humaneval_canonical_traces
-from draftcore.replay import replay
-from draftcore.traces import read_traces
+from draftcore.tools.canonical import humaneval_canonical_traces
+from draftcore.tools.replay import replay
+from draftcore.tools.traces import read_traces
 
 
 def run(traces, factory, budget, carry, eos):
@@ -26,7 +26,7 @@ def run(traces, factory, budget, carry, eos):
             m[0] += s.new_tokens
             m[1] += s.steps
             m[2] += s.draft_seconds
-    from draftcore.replay import ReplaySummary
+    from draftcore.tools.replay import ReplaySummary
     out = {}
     for name, (tokens, steps, secs) in merged.items():
         out[name] = ReplaySummary(new_tokens=tokens, steps=steps, draft_seconds=secs)

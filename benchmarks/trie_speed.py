@@ -12,8 +12,8 @@ import numpy as np
 from _common import SHARED_TRACES, markdown_table, tests_path, write_json
 
 from draftcore import DraftTree, TrieDrafter
-from draftcore.replay import replay
-from draftcore.traces import read_traces
+from draftcore.tools.replay import replay
+from draftcore.tools.traces import read_traces
 
 tests_path()
 from naive import NaiveTrie  # noqa: E402

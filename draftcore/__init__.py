@@ -4,8 +4,10 @@
     result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=128)
     result = draftcore.speculate(verifier, prompt_ids, sampling=dict(temperature=0.7, top_p=0.9, seed=0))
 
-The core imports numpy and numba only; backends live in draftcore.adapters.<backend> and import
-their framework when they are imported themselves.
+The runtime needs numpy and numba only, and `import draftcore` does not even load numba: kernels
+compile (or load from numba's cache) when the first object that needs them is built (draftcore.jit).
+Backends live in draftcore.adapters.<backend> and import their framework when they are imported
+themselves; the benchmark harness and the CLI live in draftcore.tools.
 """
 from .budget import CostAwareBudget, FixedBudget
 from .drafters.trie import TrieDrafter
@@ -13,13 +15,14 @@ from .errors import BackendError, ConfigError, DraftcoreError, InputError
 from .protocols import Drafter, Verifier
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams
+from .session import Session
 from .speculate import SpeculationStream, speculate, speculate_stream
 from .tree import DraftTree
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "speculate", "speculate_stream", "SpeculationStream", "SpeculateResult", "SpeculateStats",
+    "speculate", "speculate_stream", "SpeculationStream", "Session", "SpeculateResult", "SpeculateStats",
     "SamplingParams", "DraftTree", "Verifier", "Drafter", "TrieDrafter", "FixedBudget", "CostAwareBudget",
     "DraftcoreError", "ConfigError", "InputError", "BackendError",
 ]

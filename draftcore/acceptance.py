@@ -1,5 +1,8 @@
 """Acceptance: which root-to-node path of a verified tree is kept, and the model's next token.
 
+Only the tree's candidates are walked (nodes 0 .. n_walk - 1, the root first): lookahead nodes ride
+in the verify to be observed, never accepted (draftcore.tree, "Node roles").
+
 Greedy: walk from the root; at node u the model's token is argmax(out[u]); move to the child of u
 holding that token, else stop. The emitted tokens are the path's drafted tokens plus argmax at the
 last node, so every step emits at least one token (the model's own).
@@ -12,27 +15,30 @@ the token emitted after u's prefix is c_1 with probability p(c_1), c_2 with (1 -
 p(c_2) / (1 - p(c_1)) = p(c_2), ..., and any other token t with (1 - Σ p(c)) · p(t) / (1 - Σ p(c))
 = p(t): exactly p, whatever the drafter proposed (duplicate children get probability 0 once their
 token's mass is gone). Below an accepted child the same argument runs on the child's own p.
+
+Kernels of `draftcore.jit`: loaded on first use, never at `import draftcore`.
 """
 import numba as nb
 import numpy as np
 
 
 @nb.njit(cache=True)
-def greedy_accept(tokens, parents, model_tokens):
+def greedy_accept(tokens, parents, model_tokens, n_walk):
     """Return (path int32[k] of node indices, root first; next_token int) for one verified tree.
 
-    tokens, parents: the tree (int32[n]); model_tokens: int32[n], the model's argmax at each node.
-    Children of u have indices > u (topological order), so one forward scan per level suffices.
+    tokens, parents: the tree (int32[n]); model_tokens: int32[n], the model's argmax at each node;
+    n_walk: nodes 0 .. n_walk - 1 may be walked (the candidates). Children of u have indices > u
+    (topological order), so one forward scan per level suffices. A node whose token is -1 (not
+    evaluated by the backend) ends the walk with next_token -1, which the caller refuses.
     """
-    n = tokens.shape[0]
-    path = np.empty(n, np.int32)
+    path = np.empty(n_walk, np.int32)
     path[0] = 0
     n_path = 1
     u = 0
     while True:
         want = model_tokens[u]
         child = -1
-        for v in range(u + 1, n):
+        for v in range(u + 1, n_walk):
             if parents[v] == u and tokens[v] == want:
                 child = v
                 break
@@ -45,45 +51,20 @@ def greedy_accept(tokens, parents, model_tokens):
 
 
 @nb.njit(cache=True)
-def sample_accept(tokens, parents, probs, uniforms):
-    """Return (path int32[k], root first; next_token int) for one verified tree, sampling exactly.
-
-    tokens, parents: the tree (int32[n]); probs: float32[n, vocab], row i the processed distribution
-    after node i's prefix (rows need not be normalised: any non-negative weights); uniforms:
-    float64[n], independent U[0, 1) draws — one per child tried (at most n - 1) plus the final draw.
-    The same uniforms give the same result, so a seeded generator reproduces a run.
+def sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
+    """One node of the exact sampling walk: at node u with distribution p (float32[vocab],
+    non-negative weights), try u's children among nodes u+1 .. n_walk-1 in tree order. Returns
+    (child, token, i_draw): the accepted child and token -1, or child -1 and the token drawn from
+    what is left of p; uniforms[i_draw:] are the unused draws (one per child tried, then one for the
+    final draw), so a seeded generator reproduces a run. left: float64[vocab] scratch. The sampling
+    rule calls it node by node from the root, so only the nodes the walk reaches get processed logits.
     """
-    n, vocab = probs.shape
-    path = np.empty(n, np.int32)
-    path[0] = 0
-    n_path = 1
-    left = np.empty(vocab, np.float64)
-    u = 0
-    i_draw = 0
-    while True:
-        child, token, i_draw = sample_step(tokens, parents, u, probs[u], uniforms, i_draw, left)
-        if child < 0:
-            return path[:n_path], token
-        path[n_path] = child
-        n_path += 1
-        u = child
-
-
-@nb.njit(cache=True)
-def sample_step(tokens, parents, u, p, uniforms, i_draw, left):
-    """One node of the sampling walk: at node u with distribution p (float32[vocab], non-negative
-    weights), try u's children in tree order. Returns (child, token, i_draw): the accepted child and
-    token -1, or child -1 and the token drawn from what is left of p; uniforms[i_draw:] are the
-    unused draws. left: float64[vocab] scratch. `sample_accept` is this step from the root down;
-    `speculate` calls it node by node, so only the nodes the walk reaches get processed logits.
-    """
-    n = tokens.shape[0]
     vocab = p.shape[0]
     mass = 0.0
     for v in range(vocab):
         left[v] = p[v]
         mass += left[v]
-    for c in range(u + 1, n):
+    for c in range(u + 1, n_walk):
         if parents[c] != u:
             continue
         pc = left[tokens[c]]
@@ -109,3 +90,9 @@ def sample_step(tokens, parents, u, p, uniforms, i_draw, left):
         # only through rounding in `mass`. Fall back to u's most likely token.
         last = np.argmax(p)
     return -1, last, i_draw
+
+
+def warm_up() -> None:
+    tokens, parents = np.zeros(2, np.int32), np.array([-1, 0], np.int32)
+    greedy_accept(tokens, parents, tokens, 2)
+    sample_step(tokens, parents, 2, 0, np.full(4, 0.25, np.float32), np.zeros(3), 0, np.zeros(4))

@@ -5,8 +5,10 @@ llama.cpp, 2 cores: 1 token 7.2 ms, 2 → 12.2, 8 → 25.3). So the size of the 
 follow what verifying costs on this machine and how likely the draft is to be accepted.
 
 A budget policy has three methods, called by `speculate` once per step:
-    request_size() -> int          how many nodes to ask the drafter for
-    choose(tree) -> int            how many drafted nodes to verify: a best-first prefix of `tree`
+    request_size() -> int          how many candidate nodes to ask the drafter for
+    choose(tree) -> int            how many candidates to verify: a best-first prefix of the tree's
+                                   candidates; a tree's lookahead nodes (a Jacobi window) are always
+                                   verified whole, never cut, and priced with the candidates
     observe(tree, path, seconds)   the step that verified `tree` (drafting, verify, commit) took
                                    `seconds`; `path` was accepted
 
@@ -15,8 +17,6 @@ verifier's cost per tree size while it runs and picks the size that maximises ex
 second, including "no draft"; keep one object per deployment so what it learns carries over.
 """
 from __future__ import annotations
-
-import weakref
 
 import numpy as np
 
@@ -35,35 +35,38 @@ class FixedBudget:
         return self.n
 
     def choose(self, tree: DraftTree) -> int:
-        return min(self.n, tree.n_draft)
+        return min(self.n, tree.n_draft)  # the tree's lookahead nodes are kept whole by the loop
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         pass
 
 
 class CostAwareBudget:
-    """Pick the draft size k that maximises (1 + expected accepted tokens) / cost(k + 1 nodes).
+    """Pick the draft size k that maximises (1 + expected accepted tokens) / cost(tree of k drafted
+    candidates plus the tree's lookahead nodes).
 
     Cost: an exponential moving average of step seconds (drafting + verify + commit) for each size on
-    a menu of tree sizes (1 to 6, then 8, 12, 16, 24, 32, 48, 64, ... and max_nodes + 1), each
-    measured on its own, because the cost is not monotonic: on a CPU a 3-token forward can cost more
-    than a 4-token one, a 2-token one less than a 1-token one (matrix-kernel choice; HFVerifier, SmolLM2
-    fp32 on 2 cores: 1 → 46 ms, 2 → 44, 3 → 57, 4 → 55, 6 → 73, 8 → 78, 16 → 99). Only menu sizes
-    are verified. A size never measured is guessed optimistically
-    from the plain step's cost, so bigger trees get tried, measured and then kept or dropped.
-    Acceptance: the drafter's score of each node (its estimate that the node's path is accepted)
+    a menu of candidate counts (1 to 6, then 8, 12, 16, 24, 32, 48, 64, ... and max_nodes + 1 nodes,
+    the root included), one menu per number of lookahead nodes, each size measured on its own,
+    because the cost is not monotonic: on a CPU a 3-token forward can cost more than a 4-token one,
+    a 2-token one less than a 1-token one (matrix-kernel choice; HFVerifier, SmolLM2 fp32 on 2
+    cores: 1 → 46 ms, 2 → 44, 3 → 57, 4 → 55, 6 → 73, 8 → 78, 16 → 99). Only menu sizes are verified.
+    A size never measured is guessed optimistically from the cheapest measured step, so bigger trees
+    get tried, measured and then kept or dropped.
+    Acceptance: the drafter's score of each candidate (its estimate that the node's path is accepted)
     is calibrated against what was really accepted, per score bin and rank in the best-first order
     (1, 2–3, 4–7, 8–15, 16–31, 32+): a trie's first node is accepted far more often than a later
     node of the same score (replayed SmolLM2 outputs: 1.85x vs 1.61x simulated HumanEval speedup
     with rank, benchmarks/budget_sim.py). The expected number of accepted drafted tokens of a
-    best-first prefix of k nodes is the sum of their calibrated probabilities.
+    best-first prefix of k candidates is the sum of their calibrated probabilities. Lookahead nodes
+    are never accepted, so they are priced but never calibrated.
 
     Every `explore_every` steps it verifies a neighbouring menu size instead (one up or one down
     from its choice, alternately), so one slow measurement (a page fault, another process) cannot
     stick forever and a better size nearby gets found.
 
         parameter      default  meaning
-        max_nodes      64       most drafted nodes ever verified
+        max_nodes      64       most drafted candidates ever verified
         smoothing      0.2      weight of a new cost measurement in its size's average
         optimism       0.05     unmeasured size's guessed cost growth per node, relative to 1 node
         explore_every  16       steps between re-measurements of a neighbouring size
@@ -80,8 +83,8 @@ class CostAwareBudget:
             raise ConfigError(f"smoothing: expected a number in (0, 1], got {smoothing}")
         self.optimism = positive_float("optimism", optimism, inclusive=True)
         self.explore_every = positive_int("explore_every", explore_every)
-        self.sizes = _menu(self.max_nodes + 1)               # tree sizes (nodes, root included)
-        self._cost = np.full(len(self.sizes), np.nan)        # seconds per step, by menu entry
+        self.sizes = _menu(self.max_nodes + 1)   # candidate-tree sizes (nodes, root included)
+        self._cost: dict[int, np.ndarray] = {}   # n_lookahead -> seconds per step, by menu entry
         self._step = 0
         # Calibration counts per (score bin, rank bucket), with a weak prior that the score is right.
         centres = (np.arange(self._BINS) + 0.5) / self._BINS
@@ -94,13 +97,13 @@ class CostAwareBudget:
 
     def choose(self, tree: DraftTree) -> int:
         n_draft = min(tree.n_draft, self.max_nodes)
-        if n_draft == 0 or np.isnan(self._cost[0]):
-            return 0  # first measure what a plain step costs
+        if n_draft == 0 or np.isnan(self._costs(tree.n_lookahead)[0]):
+            return 0  # first measure what a step without candidates costs
         p = self._calibrated(tree)[1:n_draft + 1]
         accepted = np.concatenate(([0.0], np.cumsum(p)))            # expected, k = 0..n_draft
         n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
         sizes = self.sizes[:n_menu]
-        value = (1.0 + accepted[sizes - 1]) / self._estimated()[:n_menu]
+        value = (1.0 + accepted[sizes - 1]) / self._estimated(tree.n_lookahead)[:n_menu]
         best = int(np.argmax(value))
         if self._step % self.explore_every == self.explore_every - 1:
             # Re-measure a neighbouring size (one up or down, alternately): local, so the
@@ -112,38 +115,52 @@ class CostAwareBudget:
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         self._step += 1
-        i = self._entry(len(tree))
+        i = self._entry(tree.n_candidates)
         if i is not None:  # a size off the menu (a drafter that returned fewer nodes) teaches nothing
-            old = self._cost[i]
-            self._cost[i] = seconds if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * seconds
+            costs = self._costs(tree.n_lookahead)
+            old = costs[i]
+            costs[i] = seconds if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * seconds
         if tree.n_draft:
             cells = self._cells(tree)[1:]
-            accepted = np.zeros(len(tree), bool)
+            accepted = np.zeros(tree.n_candidates, bool)
             accepted[path] = True
             size = self._offered.size
             self._offered += np.bincount(cells, minlength=size).reshape(self._offered.shape)
             self._accepted += np.bincount(cells, weights=accepted[1:], minlength=size).reshape(self._offered.shape)
 
     # -- what it has learnt (also for reports) -------------------------------------------------
-    def cost(self, n_nodes) -> np.ndarray:
-        """Estimated seconds of a step that verifies trees of `n_nodes` nodes (array-like),
-        interpolated between menu sizes."""
-        return np.interp(np.asarray(n_nodes, float), self.sizes, self._estimated())
+    def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
+        """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
+        included) plus `n_lookahead` lookahead nodes, interpolated between menu sizes."""
+        return np.interp(np.asarray(n_nodes, float), self.sizes, self._estimated(n_lookahead))
 
     def acceptance_by_score(self) -> np.ndarray:
         """Calibrated acceptance probability per score bin (rows) and rank bucket (for reports)."""
         return self._accepted / self._offered
 
     # -- internals -----------------------------------------------------------------------------
-    def _estimated(self) -> np.ndarray:
-        """Seconds per menu size: measured where measured, else an optimistic guess."""
-        known = self._cost.copy()
+    def _costs(self, n_lookahead: int) -> np.ndarray:
+        costs = self._cost.get(n_lookahead)
+        if costs is None:
+            costs = self._cost[n_lookahead] = np.full(len(self.sizes), np.nan)
+        return costs
+
+    def _estimated(self, n_lookahead: int) -> np.ndarray:
+        """Seconds per menu size with `n_lookahead` lookahead nodes: measured where measured, else
+        guessed from the step with the fewest nodes measured so far (with any window)."""
+        known = self._costs(n_lookahead).copy()
         missing = np.isnan(known)
-        if missing.all():
-            return 1.0 + self.optimism * (self.sizes - 1.0)
-        first = int(np.flatnonzero(~missing)[0])
-        base = known[first] / (1.0 + self.optimism * (self.sizes[first] - 1))
-        known[missing] = (base * (1.0 + self.optimism * (self.sizes - 1.0)))[missing]
+        total = self.sizes + n_lookahead - 1.0   # nodes beyond a root-only tree
+        growth = 1.0 + self.optimism * total
+        if not missing.any():
+            return known
+        base = 1.0
+        measured = [(self.sizes[i] + window - 1.0, costs[i]) for window, costs in self._cost.items()
+                    for i in np.flatnonzero(~np.isnan(costs))]
+        if measured:
+            extra, seconds = min(measured)
+            base = seconds / (1.0 + self.optimism * extra)
+        known[missing] = (base * growth)[missing]
         return known
 
     def _entry(self, n_nodes: int):
@@ -151,10 +168,11 @@ class CostAwareBudget:
         return i if i < len(self.sizes) and self.sizes[i] == n_nodes else None
 
     def _cells(self, tree: DraftTree) -> np.ndarray:
-        """Flat calibration cell of each node: score bin * _RANKS + rank bucket."""
-        scores = tree.scores if tree.scores is not None else 0.5 ** tree.depths.astype(float)
+        """Flat calibration cell of each candidate node: score bin * _RANKS + rank bucket."""
+        m = tree.n_candidates
+        scores = tree.scores[:m] if tree.scores is not None else 0.5 ** tree.depths[:m].astype(float)
         bins = np.clip((np.asarray(scores) * self._BINS).astype(np.int64), 0, self._BINS - 1)
-        rank = np.arange(len(tree))
+        rank = np.arange(m)
         ranks = np.minimum(np.log2(np.maximum(rank, 1)).astype(np.int64), self._RANKS - 1)
         return bins * self._RANKS + ranks
 
@@ -176,30 +194,10 @@ def _menu(largest: int) -> np.ndarray:
     return np.array(sorted(set(sizes)), np.int64)
 
 
-# budget="auto": one CostAwareBudget per verifier, created on first use and dropped with the verifier,
-# so what it measures (costs, acceptance) carries from request to request as a kept object would.
-_AUTO_BUDGETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def auto_budget(verifier) -> CostAwareBudget:
-    """The CostAwareBudget that `budget="auto"` uses with `verifier` (created on first use; a
-    verifier that cannot be weakly referenced gets a fresh one each call)."""
-    try:
-        policy = _AUTO_BUDGETS.get(verifier)
-        if policy is None:
-            policy = _AUTO_BUDGETS[verifier] = CostAwareBudget()
-        return policy
-    except TypeError:  # no __weakref__ slot, or unhashable
-        return CostAwareBudget()
-
-
-def as_budget_policy(budget, verifier=None):
-    """An int becomes a FixedBudget; "auto" the verifier's CostAwareBudget (`auto_budget`); a
-    policy object is used as it is."""
-    if isinstance(budget, str):
-        if budget == "auto":
-            return auto_budget(verifier)
-        raise ConfigError(f"budget: expected an int, 'auto' or a budget policy, got {budget!r}")
-    if all(hasattr(budget, m) for m in ("request_size", "choose", "observe")):
+def as_budget_policy(budget):
+    """An int becomes a FixedBudget; a policy object (request_size, choose, observe) is used as it is."""
+    if all(callable(getattr(budget, m, None)) for m in ("request_size", "choose", "observe")):
         return budget
+    if isinstance(budget, str):
+        raise ConfigError(f"budget: expected None, 'auto', an int or a budget policy, got {budget!r}")
     return FixedBudget(budget)

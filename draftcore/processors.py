@@ -35,7 +35,6 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .errors import BackendError, describe
 
 
 class LogitsProcessor:
@@ -123,11 +122,11 @@ class LogitsProcessor:
         return self._process(logits[None, :], _ROOT_TOKENS, _ROOT_PARENTS, _ROOT_TOKENS)[0][0]
 
     def process_tree(self, logits: np.ndarray, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
-        """float32[n, vocab]: row i processed for node i's prefix (context + drafted ancestors + i).
+        """float32[m, vocab]: row i processed for node i's prefix (context + drafted ancestors + i).
 
-        logits: float32[n, vocab] from `verify(tree, "logits")`; tokens, parents: the tree's arrays.
+        logits: float32[n, vocab], the raw logits of the tree's first n nodes; tokens, parents: the tree's arrays.
         """
-        nodes = np.arange(tokens.shape[0], dtype=np.int32)
+        nodes = np.arange(logits.shape[0], dtype=np.int32)
         return self._process(logits, tokens, parents, nodes)[0]
 
     def probs_node(self, logits: np.ndarray, tokens: np.ndarray, parents: np.ndarray, node: int) -> np.ndarray:
@@ -170,24 +169,14 @@ _ROOT_TOKENS = np.zeros(1, np.int32)       # a root-only tree: its prefix is the
 _ROOT_PARENTS = np.full(1, -1, np.int32)
 
 
-_WARM = []
-
-
-def warm_up_kernels() -> None:
-    """Compile (or load from numba's cache) the kernels once per process, outside any timed loop."""
-    if _WARM:
-        return
-    from .acceptance import sample_accept, sample_step
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernels (draftcore.jit)."""
     z = np.zeros((2, 4), np.float32)
     tokens, parents = np.zeros(2, np.int32), np.array([-1, 0], np.int32)
     _penalise(z, tokens, parents, np.arange(2, dtype=np.int32), np.zeros(4, np.bool_), np.zeros(1, np.int32), 0,
               np.zeros(4, np.int32), np.float32(1.0), np.float32(0.0), np.float32(0.0))
     _kth_largest(z, 2)
     _nucleus(z, softmax(z), z.max(axis=1), 0.5, np.float32(0.1))
-    probs = softmax(z)
-    sample_accept(tokens, parents, probs, np.zeros(2))
-    sample_step(tokens, parents, 0, probs[0], np.zeros(2), 0, np.zeros(4))
-    _WARM.append(True)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -196,17 +185,6 @@ def softmax(z: np.ndarray) -> np.ndarray:
     e = np.exp(z - z.max(axis=-1, keepdims=True))
     e /= e.sum(axis=-1, keepdims=True)
     return e
-
-
-def checked_logits(out, shape: tuple, where: str) -> np.ndarray:
-    """Validate a backend's logits: float array of `shape`, no NaN or +inf, every row with a finite
-    logit (-inf entries allowed: a model may mask tokens)."""
-    if not isinstance(out, np.ndarray) or out.shape != shape or not np.issubdtype(out.dtype, np.floating):
-        raise BackendError(f"{where}: expected float32{list(shape)} logits, got {describe(out)}")
-    top = out.max(axis=-1)  # one reduction: NaN, +inf and an all -inf row all show in the row maxima
-    if not np.isfinite(top).all():
-        raise BackendError(f"{where}: logits contain NaN or +inf, or a row with no finite logit")
-    return out
 
 
 @nb.njit(cache=True)

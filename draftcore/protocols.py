@@ -1,22 +1,32 @@
 """The two small interfaces everything else plugs into.
 
 A backend implements `Verifier`; a drafting strategy implements `Drafter`. Both are structural
-(`typing.Protocol`): no base class to inherit, nothing of draftcore's to import in a backend.
+(`typing.Protocol`): no base class to inherit. What crosses them is numpy: token ids are contiguous
+1-D int32 arrays, "no draft" is a root-only tree, never None.
 
-Errors, the same in every backend: `ConfigError` for construction options, `InputError` for a
-call's arguments or call order (a bad `want`, a path that is not in the last tree, verify before
-prefill), `BackendError` when the framework or model misbehaves. A verifier may also offer
-`encode(text) -> int32[]` and `decode(ids) -> str`, so `speculate` accepts text prompts.
+Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the loop):
+
+    Verifier.max_tree_nodes   int   most nodes one verify takes (llama.cpp: n_batch); default max_context
+    Verifier.max_tree_leaves  int   most leaves one tree may have (llama.cpp: n_seq_max - 1); default none
+    Verifier.encode(text)     -> int32[T]   both present: `speculate` accepts and returns text
+    Verifier.decode(ids)      -> str
+    Drafter.observe(tree, node_tokens, path)     feedback from every verify (below)
+    Drafter.returns_valid_trees  bool   True: `speculate` skips its check of the drafter's trees
+                                        (draftcore's own drafters build them valid)
+
+Errors, the same in every backend: `InputError` for a call's arguments or call order (a bad
+`n_logits`, a path that is not in the last tree, verify before prefill) — refused before any state
+changes; `ConfigError` for construction options; `BackendError` when the framework or model
+misbehaves. `draftcore.checks` holds the shared validation; `draftcore.selfcheck` the construction
+check that a backend honours the tree mask.
 """
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .tree import DraftTree
-
-Want = Literal["argmax", "logits"]
 
 
 @runtime_checkable
@@ -27,28 +37,33 @@ class Verifier(Protocol):
         vocab_size: number of logits per position.
         n_past: tokens whose KV is in the cache (the committed context).
         max_context: the most tokens the cache can hold (prompt + generated + one draft tree).
-        max_tree_nodes (optional): the most nodes one verify takes (e.g. llama.cpp: n_seq_max leaves,
-            n_batch tokens); `speculate` never asks the drafter for more. Absent: no limit but
-            max_context.
     """
 
     vocab_size: int
     n_past: int
     max_context: int
 
-    def prefill(self, prompt: np.ndarray, want: Want = "argmax"):
+    def prefill(self, prompt: np.ndarray, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Start a new sequence from `prompt` (int32[T]), dropping any previous one.
 
-        Returns the model's result for the last prompt position: an int token id for
-        want="argmax", float32[vocab_size] for want="logits". Afterwards n_past == T.
+        Returns the last prompt position's result in `verify`'s form for a 1-node tree:
+        (int32[1] its argmax, float32[n_logits, vocab_size] its logits), n_logits 0 or 1.
+        Afterwards n_past == T.
         """
 
-    def verify(self, tree: DraftTree, want: Want = "argmax") -> np.ndarray:
+    def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One forward over every node of `tree` (positions n_past + depths, tree-masked).
 
-        Returns int32[n] (argmax per node, computed where the logits live) for want="argmax",
-        float32[n, vocab_size] for want="logits". The KV of every node is held until `commit`;
-        a second verify without a commit replaces the first tree (its KV is dropped).
+        Returns (tokens, logits):
+            tokens  int32[n]: the argmax of each node's raw logits, computed where the logits live
+                    (on a GPU only n ints reach the host); -1 for a node the backend did not
+                    evaluate (a llama.cpp context that holds one branch at a time evaluates the
+                    branches acceptance walks) — never a made-up token. The root and the first
+                    n_logits nodes are always evaluated.
+            logits  float32[n_logits, vocab_size]: the raw logits of nodes 0 .. n_logits - 1 (the
+                    candidates, when the acceptance rule samples); float32[0, vocab_size] when 0.
+        The KV of every node is held until `commit`; a second verify without a commit replaces the
+        first tree (its KV is dropped). 0 <= n_logits <= n, else InputError.
         """
 
     def commit(self, path: np.ndarray) -> None:
@@ -61,18 +76,31 @@ class Verifier(Protocol):
 class Drafter(Protocol):
     """A source of draft trees.
 
-    A drafter that lives across requests (the trie) is created by the caller and passed to every
-    `speculate` call; it keeps learning from each request.
+    A drafter that lives across requests (the trie) is kept by the caller (or by the verifier's
+    `draftcore.Session`) and passed to every `speculate` call; it keeps learning from each request.
+
+    Optional: observe(tree, node_tokens, path) — called after every verify, once the step's path is
+    committed and before `update` receives its tokens, with
+        tree         the DraftTree as verified: after the budget cut its candidates (and dropped a
+                     lookahead window that did not fit); it may differ from what `propose` returned
+        node_tokens  int32[n]: the model's greedy token at every node of `tree` (the argmax of the
+                     raw logits, also when sampling: a Jacobi window stays greedy), -1 where the
+                     backend did not evaluate a node
+        path         int32[k]: the accepted root-to-candidate path (node indices, root first)
+    The model's token at a node is a real continuation of that node's prefix, accepted or not:
+    a Jacobi window grows its n-gram pool from them. A drafter without `observe` is unaffected.
     """
 
     def start(self, prompt: np.ndarray) -> None:
         """A new request begins with `prompt` (int32[T])."""
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        """Return a tree of at most `budget` drafted nodes (plus the root) continuing `context`.
+        """Return a tree of at most `budget` drafted candidates (plus the root, plus any lookahead
+        nodes the drafter wants observed) continuing `context`.
 
         `context` is int32[m]: prompt + accepted tokens, ending with the root token
-        (context[-1] == tree.tokens[0]). A root-only tree means "no draft".
+        (context[-1] == tree.tokens[0]). Candidates come first, best first (every prefix of them is
+        the best draft of its size); a root-only tree means "no draft".
         """
 
     def update(self, tokens: np.ndarray) -> None:

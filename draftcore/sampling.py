@@ -6,15 +6,19 @@ Names and meanings follow transformers' `generate` (plus presence / frequency pe
 OpenAI API and vLLM); see `draftcore.processors` for the exact semantics and order. Speculative
 sampling is exact: every generated sequence has the probability plain sampling gives it.
 
-A rule tells the loop what to ask the verifier for (`want`) and turns the verifier's output into
-tokens; the loop itself is the same for all of them:
+A rule tells the loop how many leading rows of logits to ask the verifier for (`n_logits`; the
+verifier always returns every node's argmax) and turns the answer into tokens; the loop itself is
+the same for all of them:
 
-    rule              want      first token                    a verified tree
-    GreedyRule        argmax    the prefill's argmax           greedy_accept(argmax per node)
-    ProcessedRule     logits    argmax or sample of the        greedy: process every row for its node's
-                                processed prefill row          prefix, greedy_accept(argmax); sampling:
-                                                               sample_accept's walk, processing only
-                                                               the rows of the nodes it reaches
+    rule              n_logits            first token                 a verified tree
+    GreedyRule        0                   the prefill's argmax        greedy_accept(argmax per node)
+    ProcessedRule     the candidates      argmax or sample of the     greedy: process every candidate row for its
+                                          processed prefill row       node's prefix, greedy_accept; sampling: the
+                                                                      exact walk (acceptance.sample_step),
+                                                                      processing only the rows it reaches
+
+Lookahead nodes never need logits: acceptance does not walk them, and a drafter observes the
+model's argmax there.
 """
 from __future__ import annotations
 
@@ -23,9 +27,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .acceptance import greedy_accept, sample_step
 from .errors import BackendError, ConfigError, describe
-from .processors import LogitsProcessor, checked_logits, warm_up_kernels
+from .jit import kernels
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,12 @@ def make_rule(params: SamplingParams | None, vocab_size: int):
 class GreedyRule:
     """Plain greedy: the backend computes the argmax where the logits live (no logits copied)."""
 
-    want = "argmax"
     seed = None
+    prefill_logits = 0
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
+        self._accept = kernels("draftcore.acceptance").greedy_accept
 
     def start(self, prompt: np.ndarray) -> None:
         pass
@@ -154,35 +158,31 @@ class GreedyRule:
     def update(self, tokens: np.ndarray) -> None:
         pass
 
-    def first(self, out) -> int:
-        if isinstance(out, np.ndarray) and out.size == 1:
-            out = out.reshape(())[()]
-        if isinstance(out, bool) or not isinstance(out, (int, np.integer)) or not 0 <= out < self.vocab_size:
-            raise BackendError(f"verifier.prefill: expected a token id in [0, {self.vocab_size}), got {describe(out)}")
-        return int(out)
+    def n_logits(self, tree) -> int:
+        return 0
 
-    def accept(self, tree, out) -> tuple[np.ndarray, int]:
-        n = len(tree)
-        if not isinstance(out, np.ndarray) or out.shape != (n,) or not np.issubdtype(out.dtype, np.integer):
-            raise BackendError(f"verifier.verify: expected int32[{n}] argmax tokens, got {describe(out)}")
-        if n and (out.min() < 0 or out.max() >= self.vocab_size):
-            raise BackendError(f"verifier.verify: argmax token outside [0, {self.vocab_size}): {out.tolist()}")
-        return greedy_accept(tree.tokens, tree.parents, out.astype(np.int32, copy=False))
+    def first(self, tokens, logits) -> int:
+        return int(tokens[0])
+
+    def accept(self, tree, tokens, logits) -> tuple[np.ndarray, int]:
+        return _checked_walk(*self._accept(tree.tokens, tree.parents, tokens, tree.n_candidates), tree)
 
 
 class ProcessedRule:
     """Logits processed for every node's own prefix, then argmax (greedy with penalties) or exact
-    tree sampling (`acceptance.sample_accept`) with the request's random generator."""
+    tree sampling (`acceptance.sample_step` from the root down) with the request's random generator."""
 
-    want = "logits"
+    prefill_logits = 1
 
     def __init__(self, params: SamplingParams, vocab_size: int):
+        processors = kernels("draftcore.processors")
+        acceptance = kernels("draftcore.acceptance")
+        self._greedy_accept, self._sample_step = acceptance.greedy_accept, acceptance.sample_step
         self.vocab_size = vocab_size
         self.sample = not params.is_greedy
-        self.processor = LogitsProcessor.from_params(params, vocab_size)
+        self.processor = processors.LogitsProcessor.from_params(params, vocab_size)
         self.rng, self.seed = params.generator() if self.sample else (None, None)
         self._left = np.empty(vocab_size, np.float64)  # sample_step's scratch
-        warm_up_kernels()
 
     def start(self, prompt: np.ndarray) -> None:
         self.processor.start(prompt)
@@ -190,31 +190,39 @@ class ProcessedRule:
     def update(self, tokens: np.ndarray) -> None:
         self.processor.update(tokens)
 
-    def first(self, out) -> int:
-        logits = checked_logits(out, (self.vocab_size,), "verifier.prefill")
+    def n_logits(self, tree) -> int:
+        return tree.n_candidates
+
+    def first(self, tokens, logits) -> int:
         if not self.sample:
-            return int(np.argmax(self.processor.process_next(logits)))
-        p = self.processor.probs_node(logits, _ROOT, _ROOT_PARENT, 0)
-        _, token, _ = sample_step(_ROOT, _ROOT_PARENT, 0, p, self.rng.random(1), 0, self._left)  # a leaf
+            return int(np.argmax(self.processor.process_next(logits[0])))
+        p = self.processor.probs_node(logits[0], _ROOT, _ROOT_PARENT, 0)
+        _, token, _ = self._sample_step(_ROOT, _ROOT_PARENT, 1, 0, p, self.rng.random(1), 0, self._left)  # a leaf
         return int(token)
 
-    def accept(self, tree, out) -> tuple[np.ndarray, int]:
-        n = len(tree)
-        logits = checked_logits(out, (n, self.vocab_size), "verifier.verify")
+    def accept(self, tree, tokens, logits) -> tuple[np.ndarray, int]:
+        n_walk = tree.n_candidates
         if not self.sample:
             z = self.processor.process_tree(logits, tree.tokens, tree.parents)
-            return greedy_accept(tree.tokens, tree.parents, z.argmax(axis=1).astype(np.int32))
-        # acceptance.sample_accept, walked here node by node: only the reached nodes are processed.
-        tokens, parents = tree.tokens, tree.parents
-        uniforms = self.rng.random(n)
+            return self._greedy_accept(tree.tokens, tree.parents, z.argmax(axis=1).astype(np.int32), n_walk)
+        # The exact walk, node by node: only the reached nodes are processed.
+        uniforms = self.rng.random(n_walk)
         path = [0]
         i_draw = 0
         while True:
-            p = self.processor.probs_node(logits, tokens, parents, path[-1])
-            child, token, i_draw = sample_step(tokens, parents, path[-1], p, uniforms, i_draw, self._left)
+            p = self.processor.probs_node(logits, tree.tokens, tree.parents, path[-1])
+            child, token, i_draw = self._sample_step(tree.tokens, tree.parents, n_walk, path[-1], p, uniforms,
+                                                     i_draw, self._left)
             if child < 0:
                 return np.array(path, np.int32), int(token)
             path.append(int(child))
+
+
+def _checked_walk(path, next_token, tree):
+    if next_token < 0:  # the walk reached a node the backend reported as not evaluated
+        raise BackendError(f"verifier.verify: node {int(path[-1])} is on the accepted path, but its token was "
+                           f"reported missing (-1); a verifier must evaluate every node greedy acceptance reaches")
+    return path, int(next_token)
 
 
 _ROOT = np.zeros(1, np.int32)

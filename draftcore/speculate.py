@@ -1,8 +1,18 @@
-"""The speculative decoding loop (DESIGN.md "The loop"), greedy or sampled, streaming or not.
+"""The speculative decoding loop, greedy or sampled, streaming or not.
 
-One loop for every acceptance rule (`draftcore.sampling`): greedy asks the verifier for the argmax
-per node; sampling (and greedy with penalties) asks for logits, processes each node's row for its
-own prefix and accepts exactly.
+    prompt ──prefill──▶ first token t
+    repeat:
+      tree          = drafter.propose(context, budget)   root = t (accepted, not yet in the KV cache)
+      tokens, logits = verifier.verify(tree, n_logits)   one forward over every node, tree-masked
+      path, next    = rule.accept(tree, tokens, logits)  longest agreed root-to-candidate path + one model token
+      verifier.commit(path)                              the path's KV is kept, every other node's dropped
+      drafter.observe(tree, tokens, path)                optional: the model's token at EVERY node
+      emit path[1:] tokens + next; drafter.update(them); t = next
+    until eos / stop sequence / max_new_tokens
+
+One loop for every acceptance rule (`draftcore.sampling`): greedy asks the verifier for no logits (it
+returns every node's argmax, computed where the logits live); sampling, and greedy with penalties,
+asks for the candidates' logits, processes each row for its own prefix and accepts exactly.
 """
 from __future__ import annotations
 
@@ -12,35 +22,42 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .budget import as_budget_policy
-from .errors import BackendError, InputError, describe
+from .checks import VerifierLimits, check_node_results, check_tree
+from .errors import BackendError, ConfigError, InputError, describe
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams, as_sampling_params, make_rule
+from .session import Session
 from .tree import DraftTree
 from .validate import positive_int, token_array
 
-DEFAULT_BUDGET = 16
+_DRAFTER_METHODS = ("start", "propose", "update", "finish")
 
 
-def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=DEFAULT_BUDGET,
-              eos_token_id=None, stop_sequences: Sequence[Sequence[int]] = (),
-              sampling: SamplingParams | dict | None = None) -> SpeculateResult:
+def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None, eos_token_id=None,
+              stop_sequences: Sequence[Sequence[int]] | None = (), sampling: SamplingParams | dict | None = None,
+              clock=None) -> SpeculateResult:
     """Generate up to `max_new_tokens` tokens after `prompt`, exactly as plain decoding with
-    `verifier` would, drafting with `drafter` (a fresh `TrieDrafter` when None): token for token
-    when greedy, with the same distribution over sequences when sampling.
+    `verifier` would: token for token when greedy, with the same distribution over sequences when
+    sampling.
 
     prompt: int32 token ids, or a string when the verifier has `encode`.
-    budget: drafted nodes verified per step: an int (fixed), "auto" (a `CostAwareBudget`: the tree
-        size that maximises expected tokens per second, measured as it runs; one per verifier,
-        kept across calls, `draftcore.budget.auto_budget(verifier)`), or a budget policy object.
+    drafter: a Drafter; default: the verifier's session drafter (`Session.of(verifier).drafter`, a
+        TrieDrafter that keeps learning from every request to this verifier).
+    budget: drafted candidates verified per step: None or "auto" (default: the verifier's session
+        budget, a `CostAwareBudget` that picks the tree size with the best expected tokens per second
+        from measured step costs and acceptance, and keeps learning across calls), an int (fixed), or
+        a budget policy object.
     eos_token_id: an id or a collection of ids that end generation (kept in the output).
     stop_sequences: token-id sequences that end generation once generated (kept in the output).
     sampling: None (greedy, the default), a `SamplingParams`, or a dict of its fields with
         transformers' names: temperature, top_k, top_p, min_p, repetition_penalty,
         presence_penalty, frequency_penalty, do_sample, seed. `result.seed` replays the run.
+    clock: () -> seconds, what step times are measured with (default time.perf_counter); a
+        synthetic clock makes the auto budget's choices reproducible (tests, trace replay).
     """
-    stream = speculate_stream(verifier, prompt, max_new_tokens=max_new_tokens, drafter=drafter,
-                              budget=budget, eos_token_id=eos_token_id, stop_sequences=stop_sequences,
-                              sampling=sampling)
+    stream = speculate_stream(verifier, prompt, max_new_tokens=max_new_tokens, drafter=drafter, budget=budget,
+                              eos_token_id=eos_token_id, stop_sequences=stop_sequences, sampling=sampling,
+                              clock=clock)
     for _ in stream:
         pass
     return stream.result
@@ -60,73 +77,65 @@ class SpeculationStream:
         return self.result
 
 
-def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=None,
-                     budget=DEFAULT_BUDGET, eos_token_id=None,
-                     stop_sequences: Sequence[Sequence[int]] = (),
-                     sampling: SamplingParams | dict | None = None) -> SpeculationStream:
+def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None,
+                     eos_token_id=None, stop_sequences: Sequence[Sequence[int]] | None = (),
+                     sampling: SamplingParams | dict | None = None, clock=None) -> SpeculationStream:
     """Streaming twin of `speculate`: iterate to receive tokens as they are accepted.
 
     Every argument is validated here, before any verifier or drafter state changes.
     """
     was_text = isinstance(prompt, str)
     if was_text:
-        if not hasattr(verifier, "encode"):
+        if not callable(getattr(verifier, "encode", None)):
             raise InputError(f"prompt: got text, but {type(verifier).__name__} has no encode(); pass int32 token ids")
         prompt = verifier.encode(prompt)
-    vocab_size = positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None))
-    prompt = token_array("prompt", prompt, vocab_size=vocab_size)
+    limits = VerifierLimits.of(verifier)
+    prompt = token_array("prompt", prompt, vocab_size=limits.vocab_size)
     max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
-    max_context = positive_int("verifier.max_context", getattr(verifier, "max_context", None))
-    if prompt.shape[0] + max_new_tokens > max_context:
+    if prompt.shape[0] + max_new_tokens > limits.max_context:
         raise InputError(
             f"max_new_tokens: prompt ({prompt.shape[0]} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{prompt.shape[0] + max_new_tokens} exceeds the verifier's max_context {max_context}")
-    eos_ids = _eos_ids(eos_token_id, vocab_size)
-    stops = [token_array(f"stop_sequences[{i}]", s, vocab_size) for i, s in enumerate(stop_sequences)]
-    policy = as_budget_policy(budget, verifier)
-    limit = getattr(verifier, "max_tree_nodes", None)
-    max_tree_nodes = max_context if limit is None else positive_int("verifier.max_tree_nodes", limit)
-    rule = make_rule(as_sampling_params(sampling), vocab_size)
-    if drafter is None:
-        from .drafters.trie import TrieDrafter
-        drafter = TrieDrafter()
-    generator = _decode(verifier, prompt, max_new_tokens, max_tree_nodes, drafter, policy, rule, eos_ids, stops,
-                        was_text)
+            f"{prompt.shape[0] + max_new_tokens} exceeds the verifier's max_context {limits.max_context}")
+    stops = _Stops(eos_token_id, stop_sequences, limits.vocab_size)
+    rule = make_rule(as_sampling_params(sampling), limits.vocab_size)
+    if clock is None:
+        clock = time.perf_counter
+    elif not callable(clock):
+        raise ConfigError(f"clock: expected a callable returning seconds, got {describe(clock)}")
+    if drafter is None or budget is None or (isinstance(budget, str) and budget == "auto"):
+        session = Session.of(verifier)
+        drafter = session.drafter if drafter is None else drafter
+        budget = session.budget if budget is None or isinstance(budget, str) and budget == "auto" else budget
+    policy = as_budget_policy(budget)
+    missing = [m for m in _DRAFTER_METHODS if not callable(getattr(drafter, m, None))]
+    if missing:
+        raise ConfigError(f"drafter: {describe(drafter)} lacks the Drafter method(s) {missing}; expected "
+                          f"start(prompt), propose(context, budget), update(tokens), finish()")
+    generator = _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text)
     return SpeculationStream(generator)
 
 
-def _eos_ids(eos_token_id, vocab_size) -> np.ndarray:
-    if eos_token_id is None:
-        return np.zeros(0, np.int32)
-    if isinstance(eos_token_id, (int, np.integer)):
-        eos_token_id = [eos_token_id]
-    try:
-        ids = list(eos_token_id)
-    except TypeError:
-        raise InputError(f"eos_token_id: expected an int token id or a collection of them, got {describe(eos_token_id)}") from None
-    return token_array("eos_token_id", ids, vocab_size, allow_empty=True)
-
-
-def _decode(verifier, prompt, max_new_tokens, max_tree_nodes, drafter, policy, rule, eos_ids, stops, was_text):
+def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text):
     stats = SpeculateStats()
     n_prompt = prompt.shape[0]
     context = np.empty(n_prompt + max_new_tokens, np.int32)  # prompt + generated; grows in place
     context[:n_prompt] = prompt
     n_context = n_prompt
-    t_start = time.perf_counter()
-
+    vocab_size = limits.vocab_size
     # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
     trusted = getattr(drafter, "returns_valid_trees", False) is True
+    observe = getattr(drafter, "observe", None)
+    t_start = clock()
     drafter.start(prompt)
     rule.start(prompt)
     try:
-        first = rule.first(verifier.prefill(prompt, rule.want))
-        stats.time_prefill = time.perf_counter() - t_start
+        tokens, logits = check_node_results(verifier.prefill(prompt, rule.prefill_logits), 1, rule.prefill_logits,
+                                            vocab_size, "verifier.prefill")
+        emitted = np.array([rule.first(tokens, logits)], np.int32)
+        stats.time_prefill = clock() - t_start
         stats.steps = 1
-        emitted = np.array([first], np.int32)
         while True:
-            emitted, stop_reason = _apply_stops(emitted, context, n_context, n_prompt, max_new_tokens,
-                                                eos_ids, stops)
+            emitted, stop_reason = stops.cut(emitted, context, n_context, n_prompt, max_new_tokens)
             context[n_context:n_context + emitted.shape[0]] = emitted
             n_context += emitted.shape[0]
             stats.new_tokens = n_context - n_prompt
@@ -134,82 +143,139 @@ def _decode(verifier, prompt, max_new_tokens, max_tree_nodes, drafter, policy, r
             if stop_reason is not None:
                 break
             rule.update(emitted)
-            t0 = time.perf_counter()
+            t0 = clock()
             drafter.update(emitted)
-
-            # The root (context[-1]) is accepted but not in the KV cache yet.
-            room = min(max_new_tokens - stats.new_tokens - 1,            # tokens still wanted
-                       verifier.max_context - verifier.n_past - 1,       # cache cells left
-                       max_tree_nodes - 1)                               # what one verify takes
-            request = min(policy.request_size(), room)
-            if request > 0:
-                tree = drafter.propose(context[:n_context], request)
-                if not trusted:
-                    _check_tree(tree, context[n_context - 1], request, verifier.vocab_size)
-                keep = policy.choose(tree)
-                if keep < tree.n_draft:
-                    tree = tree.truncated(1 + keep)
-            else:
-                tree = DraftTree.root_only(int(context[n_context - 1]))
-            t1 = time.perf_counter()
-            out = verifier.verify(tree, rule.want)
-            t2 = time.perf_counter()
-            path, next_token = rule.accept(tree, out)
+            tree = _draft(drafter, policy, context[:n_context], limits, verifier.n_past,
+                          max_new_tokens - stats.new_tokens, trusted)
+            t1 = clock()
+            n_logits = rule.n_logits(tree)
+            tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits, vocab_size,
+                                                "verifier.verify")
+            t2 = clock()
+            path, next_token = rule.accept(tree, tokens, logits)
             verifier.commit(path)
-            t3 = time.perf_counter()
-
-            n_accepted = path.shape[0] - 1
+            t3 = clock()
+            if observe is not None:
+                observe(tree, tokens, path)
+            t4 = clock()
             # The whole step is the price of this tree size, not the verify alone: drafting, and a
             # commit that leaves the backend's preferred branch (llama.cpp re-decodes the path's
             # tail) grow with the tree, and a fixed per-step host cost weighs more on a fast GPU.
-            policy.observe(tree, path, t3 - t0)
-            stats.steps += 1
-            stats.drafted_tokens += tree.n_draft
-            stats.record_accept(n_accepted)
-            stats.record_budget(tree.n_draft)
-            stats.time_drafting += t1 - t0
-            stats.draft_seconds.append(t1 - t0)
-            stats.time_verifying += t2 - t1
-            stats.time_accepting += t3 - t2
+            policy.observe(tree, path, t4 - t0)
+            n_accepted = path.shape[0] - 1
+            stats.record_step(tree, n_accepted, (t1 - t0) + (t4 - t3), t2 - t1, t3 - t2)
             emitted = np.empty(n_accepted + 1, np.int32)
             emitted[:n_accepted] = tree.tokens[path[1:]]
             emitted[n_accepted] = next_token
     finally:
         drafter.finish()
-        stats.time_total = time.perf_counter() - t_start
+        stats.time_total = clock() - t_start
     tokens = context[n_prompt:n_context].copy()
-    text = verifier.decode(tokens) if was_text and hasattr(verifier, "decode") else None
+    text = verifier.decode(tokens) if was_text and callable(getattr(verifier, "decode", None)) else None
     return SpeculateResult(tokens=tokens, stop_reason=stop_reason, stats=stats, text=text, seed=rule.seed)
 
 
-def _apply_stops(emitted, context, n_context, n_prompt, max_new_tokens, eos_ids, stops):
-    """Cut `emitted` at the first EOS / completed stop sequence / token budget; say why it stopped."""
-    n_generated = n_context - n_prompt
-    for i in range(emitted.shape[0]):
-        token = emitted[i]
-        if eos_ids.shape[0] and (eos_ids == token).any():
-            return emitted[:i + 1], "eos"
-        for stop in stops:
-            n = stop.shape[0]
-            end = n_context + i + 1  # candidate tail: context[..n_context] + emitted[..i]
-            if end - n >= n_prompt and stop[-1] == token:
-                tail = np.concatenate([context[end - n:n_context], emitted[:i + 1]])[-n:]
-                if np.array_equal(tail, stop):
-                    return emitted[:i + 1], "stop_sequence"
-        if n_generated + i + 1 >= max_new_tokens:
-            return emitted[:i + 1], "max_new_tokens"
-    return emitted, None
+def _draft(drafter, policy, context, limits, n_past, tokens_wanted, trusted) -> DraftTree:
+    """The tree to verify this step: the drafter's proposal, its candidates cut to the policy's
+    choice and to what one verify holds (nodes, cache cells, leaves); a lookahead window that does
+    not fit is dropped whole, never cut."""
+    root = int(context[-1])
+    cells = min(limits.max_context - n_past, limits.max_tree_nodes)   # nodes one verify may hold
+    room = min(tokens_wanted - 1, cells - 1)                          # candidates worth drafting
+    request = min(policy.request_size(), room)
+    if request <= 0:
+        return DraftTree.root_only(root)
+    tree = drafter.propose(context, request)
+    if not trusted:
+        _check_proposal(tree, root, request, limits.vocab_size)
+    if tree.n_lookahead and (1 + tree.n_lookahead > cells or (
+            limits.max_tree_leaves is not None and _leaf_counts(tree)[1] > limits.max_tree_leaves)):
+        tree = tree.without_lookahead()
+    keep = min(policy.choose(tree), room, cells - 1 - tree.n_lookahead)
+    if limits.max_tree_leaves is not None:
+        keep = min(keep, _most_candidates_within_leaves(tree, keep, limits.max_tree_leaves))
+    return tree.with_candidates(keep)
 
 
-def _check_tree(tree, root, request, vocab_size) -> None:
+def _leaf_counts(tree: DraftTree) -> np.ndarray:
+    """counts[m]: leaves of the root + first m - 1 candidates + the whole window, m = 1 .. n_candidates
+    (index 0 unused). Adding candidate m makes it a leaf and its parent no longer one when m is the
+    parent's first child."""
+    m_all = tree.n_candidates
+    parents = tree.parents[:m_all]
+    first_child = np.full(m_all, m_all, np.int64)
+    children = np.arange(m_all - 1, 0, -1)
+    first_child[parents[children]] = children  # reverse order: the lowest index is written last
+    added = np.ones(m_all, np.int64)
+    added[1:] -= first_child[parents[1:]] == np.arange(1, m_all)
+    counts = np.zeros(m_all + 1, np.int64)
+    counts[1:] = np.cumsum(added)
+    if tree.n_lookahead:
+        window = tree.parents[m_all:]
+        has_child = np.zeros(tree.n_lookahead, bool)
+        inner = window[window >= m_all] - m_all
+        has_child[inner] = True
+        counts[1] -= 1                         # the root has the window below it: not a leaf
+        counts[1:] += int((~has_child).sum())
+    return counts
+
+
+def _most_candidates_within_leaves(tree: DraftTree, keep: int, max_leaves: int) -> int:
+    counts = _leaf_counts(tree)[1:keep + 2]   # leaves with 0 .. keep candidates
+    fits = np.flatnonzero(counts <= max_leaves)
+    return int(fits[-1]) if fits.size else 0
+
+
+def _check_proposal(tree, root, request, vocab_size) -> None:
     """Full check of a tree from a drafter that is not draftcore's own."""
-    if not isinstance(tree, DraftTree):
-        raise BackendError(f"drafter.propose: expected a DraftTree, got {describe(tree)}")
     try:
-        tree.check(vocab_size)
+        check_tree(tree, vocab_size)
     except InputError as exc:
         raise BackendError(f"drafter.propose: returned a malformed tree: {exc}") from None
     if tree.tokens[0] != root:
-        raise BackendError(f"drafter.propose: tree root {int(tree.tokens[0])} is not the last context token {int(root)}")
+        raise BackendError(f"drafter.propose: tree root {int(tree.tokens[0])} is not the last context token {root}")
     if tree.n_draft > request:
-        raise BackendError(f"drafter.propose: returned {tree.n_draft} drafted nodes, more than the budget {request}")
+        raise BackendError(f"drafter.propose: returned {tree.n_draft} drafted candidates, more than the budget {request}")
+
+
+class _Stops:
+    """When generation ends: an EOS id, a completed stop sequence, or max_new_tokens."""
+
+    def __init__(self, eos_token_id, stop_sequences, vocab_size: int):
+        if eos_token_id is None:
+            eos = []
+        elif isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
+            eos = [eos_token_id]
+        else:
+            try:
+                eos = list(eos_token_id)
+            except TypeError:
+                raise InputError(f"eos_token_id: expected an int token id or a collection of them, "
+                                 f"got {describe(eos_token_id)}") from None
+        self.eos = token_array("eos_token_id", eos, vocab_size, allow_empty=True)
+        if stop_sequences is None:
+            stop_sequences = ()
+        try:
+            stop_sequences = list(stop_sequences)
+        except TypeError:
+            raise InputError(f"stop_sequences: expected a collection of token-id sequences, "
+                             f"got {describe(stop_sequences)}") from None
+        self.sequences = [token_array(f"stop_sequences[{i}]", s, vocab_size) for i, s in enumerate(stop_sequences)]
+
+    def cut(self, emitted, context, n_context, n_prompt, max_new_tokens):
+        """Cut `emitted` at the first EOS / completed stop sequence / token budget; say why it stopped."""
+        n_generated = n_context - n_prompt
+        for i in range(emitted.shape[0]):
+            token = emitted[i]
+            if self.eos.shape[0] and (self.eos == token).any():
+                return emitted[:i + 1], "eos"
+            for stop in self.sequences:
+                n = stop.shape[0]
+                end = n_context + i + 1  # candidate tail: context[..n_context] + emitted[..i]
+                if end - n >= n_prompt and stop[-1] == token:
+                    tail = np.concatenate([context[end - n:n_context], emitted[:i + 1]])[-n:]
+                    if np.array_equal(tail, stop):
+                        return emitted[:i + 1], "stop_sequence"
+            if n_generated + i + 1 >= max_new_tokens:
+                return emitted[:i + 1], "max_new_tokens"
+        return emitted, None

@@ -20,9 +20,13 @@ A flat, topologically ordered forest under one root::
       z   1 1 . 1 .
       w   1 . . . 1
 
-    llama.cpp sequence ids: one per leaf (y → 1, z → 2, w → 3; 0 is the committed context); a node
-    carries the ids of every leaf below it: t {1,2,3}, x {1,2}, y {1}, z {2}, w {3}. A token sees
-    cache cells that share an id and have a smaller position: exactly its ancestors.
+Node roles. The first `n_candidates` nodes (the root and the drafted candidates) are what acceptance
+may walk; the last `n_lookahead` nodes are lookahead nodes (a Jacobi window) that ride in the same
+forward only so that the drafter can observe the model's token at each of them. A lookahead node's
+parent is the root or another lookahead node, so dropping candidates never orphans the window::
+
+    index:   0 | 1 .. n_candidates-1 | n_candidates .. n-1
+    role:    root | candidates (best first) | lookahead nodes
 
 Token ids are int32 everywhere. A tree of one node (the root alone) is "no draft".
 """
@@ -30,23 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba as nb
 import numpy as np
 
 from .errors import InputError, describe
-
-
-@nb.njit(cache=True)
-def _first_bad_node(parents, depths):
-    """Index of the first node breaking the tree invariants, or -1 if the tree is well formed."""
-    n = parents.shape[0]
-    if parents[0] != -1 or depths[0] != 0:
-        return 0
-    for i in range(1, n):
-        p = parents[i]
-        if p < 0 or p >= i or depths[i] != depths[p] + 1:
-            return i
-    return -1
+from .jit import kernels
 
 
 @dataclass(eq=False, slots=True)
@@ -57,11 +48,12 @@ class DraftTree:
     parents: np.ndarray  # int32[n], parents[0] == -1, parents[i] < i
     depths: np.ndarray   # int32[n], depths[0] == 0
     # float32[n] or None: the drafter's estimate that the path root..i is accepted (scores[0] == 1).
-    # Drafters that fill it emit nodes best-first, so every prefix tree[:k] is the best k-node tree.
+    # Drafters that fill it emit candidates best-first, so every prefix of them is the best k-node draft.
     scores: np.ndarray | None = None
+    n_lookahead: int = 0  # the last n_lookahead nodes are lookahead nodes (never accepted)
 
     @staticmethod
-    def build(tokens, parents, depths=None) -> "DraftTree":
+    def build(tokens, parents, depths=None, *, scores=None, n_lookahead: int = 0) -> "DraftTree":
         """Validate and build a tree; `depths` is derived from `parents` when omitted."""
         tokens = _int32_vector("tokens", tokens)
         parents = _int32_vector("parents", parents)
@@ -70,37 +62,19 @@ class DraftTree:
         if parents.shape != tokens.shape:
             raise InputError(f"parents: expected shape {tokens.shape} like tokens, got {parents.shape}")
         if depths is None:
-            depths = _depths_from_parents(parents)
+            depths = kernels("draftcore.tree_kernels").depths_from_parents(parents)
         depths = _int32_vector("depths", depths)
-        if depths.shape != tokens.shape:
-            raise InputError(f"depths: expected shape {tokens.shape} like tokens, got {depths.shape}")
-        tree = DraftTree(tokens, parents, depths)
+        if scores is not None:
+            scores = np.ascontiguousarray(scores, dtype=np.float32)
+        tree = DraftTree(tokens, parents, depths, scores, n_lookahead)
         tree.check()
         return tree
 
     def check(self, vocab_size: int | None = None) -> None:
-        """Raise InputError unless the arrays are well formed: 1-D int32 of one length n >= 1,
-        the tree invariants hold, tokens lie in [0, vocab_size), scores is None or float[n].
-        For trees from outside draftcore (a custom drafter); draftcore's own are valid by build."""
-        for name in ("tokens", "parents", "depths"):
-            arr = getattr(self, name)
-            if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
-                raise InputError(f"tree.{name}: expected a non-empty 1-D int32 array, got {describe(arr)}")
-        if not self.tokens.shape == self.parents.shape == self.depths.shape:
-            raise InputError(f"tree: arrays differ in length: tokens {self.tokens.shape}, parents "
-                             f"{self.parents.shape}, depths {self.depths.shape}")
-        if self.scores is not None and (not isinstance(self.scores, np.ndarray) or self.scores.shape != self.tokens.shape
-                                        or not np.issubdtype(self.scores.dtype, np.floating)):
-            raise InputError(f"tree.scores: expected None or float32[{len(self.tokens)}], got {describe(self.scores)}")
-        upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
-        if self.tokens.min() < 0 or self.tokens.max() >= upper:
-            raise InputError(f"tree.tokens: token id outside the vocabulary [0, {upper}): {self.tokens.tolist()}")
-        bad = _first_bad_node(self.parents, self.depths)
-        if bad >= 0:
-            raise InputError(
-                f"tree.parents/depths: node {bad} breaks the tree invariants (parents[0] == -1, "
-                f"0 <= parents[i] < i, depths[i] == depths[parents[i]] + 1): "
-                f"parent={int(self.parents[bad])}, depth={int(self.depths[bad])}")
+        """Raise InputError unless the tree is well formed (draftcore.checks.check_tree). For trees
+        from outside draftcore (a custom drafter); draftcore's own are valid by construction."""
+        from .checks import check_tree
+        check_tree(self, vocab_size)
 
     @staticmethod
     def root_only(root: int) -> "DraftTree":
@@ -117,22 +91,46 @@ class DraftTree:
         tokens[1:] = draft
         return DraftTree(tokens, np.arange(-1, n - 1, dtype=np.int32), np.arange(n, dtype=np.int32))
 
-    def truncated(self, n_nodes: int) -> "DraftTree":
-        """The first `n_nodes` nodes (root included): still a tree, since parents come first."""
-        if n_nodes >= len(self):
-            return self
-        n_nodes = max(1, n_nodes)
-        scores = None if self.scores is None else self.scores[:n_nodes]
-        return DraftTree(self.tokens[:n_nodes], self.parents[:n_nodes], self.depths[:n_nodes], scores)
-
+    # -- sizes and roles ----------------------------------------------------------------------------
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     @property
-    def n_draft(self) -> int:
-        """Number of drafted tokens (every node but the root)."""
-        return len(self) - 1
+    def n_candidates(self) -> int:
+        """Nodes acceptance may walk: the root and the drafted candidates (the first nodes)."""
+        return len(self) - self.n_lookahead
 
+    @property
+    def n_draft(self) -> int:
+        """Drafted candidate tokens (every node but the root and the lookahead nodes)."""
+        return self.n_candidates - 1
+
+    def with_candidates(self, n_draft: int) -> "DraftTree":
+        """The root, the first `n_draft` candidates and every lookahead node (renumbered): still a
+        tree, since parents come first and no lookahead node hangs below a candidate."""
+        m = 1 + max(0, min(n_draft, self.n_draft))
+        n_cand = self.n_candidates
+        if m == n_cand:
+            return self
+        if self.n_lookahead == 0:
+            keep = slice(0, m)
+            parents = self.parents[:m]
+        else:
+            keep = np.r_[0:m, n_cand:len(self)]
+            window = self.parents[n_cand:]
+            parents = np.concatenate([self.parents[:m], np.where(window > 0, window - (n_cand - m), window)])
+        return DraftTree(self.tokens[keep], parents, self.depths[keep],
+                         None if self.scores is None else self.scores[keep], self.n_lookahead)
+
+    def without_lookahead(self) -> "DraftTree":
+        """The root and the candidates only."""
+        if self.n_lookahead == 0:
+            return self
+        m = self.n_candidates
+        return DraftTree(self.tokens[:m], self.parents[:m], self.depths[:m],
+                         None if self.scores is None else self.scores[:m], 0)
+
+    # -- derived views --------------------------------------------------------------------------------
     def is_chain(self) -> bool:
         """True when every node's parent is the node before it (a single branch)."""
         return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1, dtype=np.int32)))
@@ -143,21 +141,13 @@ class DraftTree:
 
     def ancestor_mask(self) -> np.ndarray:
         """bool[n, n]: mask[i, j] is True iff node j is node i or one of its ancestors."""
-        return _ancestor_mask(self.parents)
+        return kernels("draftcore.tree_kernels").ancestor_mask(self.parents)
 
     def leaves(self) -> np.ndarray:
         """int32[n_leaves]: indices of nodes with no child, in tree order."""
         has_child = np.zeros(len(self), bool)
         has_child[self.parents[1:]] = True
         return np.flatnonzero(~has_child).astype(np.int32)
-
-    def leaf_membership(self) -> np.ndarray:
-        """bool[n, n_leaves]: [i, k] is True iff leaf k is node i or lies below it.
-
-        llama.cpp gives leaf k the sequence id k + 1 (0 is the committed context); node i is tagged
-        with the ids of its row.
-        """
-        return self.ancestor_mask()[self.leaves()].T.copy()
 
     def path_tokens(self, node: int) -> np.ndarray:
         """int32[depth + 1]: the tokens from the root down to `node`, root first."""
@@ -168,7 +158,8 @@ class DraftTree:
         return np.array(path[::-1], np.int32)
 
     def __repr__(self) -> str:
-        return f"DraftTree(n={len(self)}, tokens={self.tokens.tolist()}, parents={self.parents.tolist()})"
+        roles = f", n_lookahead={self.n_lookahead}" if self.n_lookahead else ""
+        return f"DraftTree(n={len(self)}, tokens={self.tokens.tolist()}, parents={self.parents.tolist()}{roles})"
 
 
 def _int32_vector(name, value) -> np.ndarray:
@@ -178,25 +169,3 @@ def _int32_vector(name, value) -> np.ndarray:
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"{name}: expected dtype=int32, got {describe(arr)}")
     return np.ascontiguousarray(arr, dtype=np.int32)
-
-
-@nb.njit(cache=True)
-def _depths_from_parents(parents):
-    n = parents.shape[0]
-    depths = np.zeros(n, np.int32)
-    for i in range(1, n):
-        p = parents[i]
-        depths[i] = depths[p] + 1 if 0 <= p < i else -1  # -1 is caught by the invariant check
-    return depths
-
-
-@nb.njit(cache=True)
-def _ancestor_mask(parents):
-    n = parents.shape[0]
-    mask = np.zeros((n, n), np.bool_)
-    for i in range(n):
-        mask[i, i] = True
-        p = parents[i]
-        if p >= 0:
-            mask[i, :i] = mask[p, :i]  # topological order: the parent's row is complete
-    return mask

@@ -12,8 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def replay_demo() -> None:
     from draftcore import TrieDrafter
-    from draftcore.replay import replay
-    from draftcore.traces import read_traces
+    from draftcore.tools.replay import replay
+    from draftcore.tools.traces import read_traces
     path = os.path.join(HERE, "..", "..", "shared", "data", "traces_smollm2_greedy.jsonl")
     traces = read_traces(path)
     print(f"Replaying {len(traces)} recorded SmolLM2 greedy traces (no model: the trace is the model)")

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from draftcore import cli
-from draftcore.bench import (Method, Prompt, Run, draftcore_method, format_table, run_benchmark, summarize,
+from draftcore.tools import cli
+from draftcore.tools.bench import (Method, Prompt, Run, draftcore_method, format_table, run_benchmark, summarize,
                              write_outputs)
-from draftcore.traces import read_traces
+from draftcore.tools.traces import read_traces
 
 
 def _fake_method(name, seconds_per_token, corrupt_at=None):

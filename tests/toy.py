@@ -75,6 +75,7 @@ class ToyVerifier:
         self.hashes: list[int] = []  # hashes[i] = hash of cache[:i+1]
         self.pending: DraftTree | None = None
         self.n_verify = 0
+        self.n_nodes = 0  # nodes verified so far
 
     @property
     def n_past(self) -> int:
@@ -85,16 +86,17 @@ class ToyVerifier:
         self.hashes.append(_mix(h, len(self.cache), token))
         self.cache.append(token)
 
-    def prefill(self, prompt, want="argmax"):
+    def prefill(self, prompt, n_logits=0):
         self.cache, self.hashes, self.pending = [], [], None
         for tok in prompt:
             self._append(int(tok))
         logits = self.model.logits_from_hash(self.hashes[-1], self.cache[-1], self.cache[-2] if len(self.cache) > 1 else 0)
-        return int(np.argmax(logits)) if want == "argmax" else logits
+        return np.array([np.argmax(logits)], np.int32), logits[None, :][:n_logits]
 
-    def verify(self, tree: DraftTree, want="argmax"):
+    def verify(self, tree: DraftTree, n_logits=0):
         n = len(tree)
         assert self.n_past + n <= self.max_context
+        assert 0 <= n_logits <= n
         mask = tree.ancestor_mask()
         positions = tree.position_ids(self.n_past)
         out = np.empty((n, self.vocab_size), np.float32)
@@ -110,7 +112,8 @@ class ToyVerifier:
             out[i] = self.model.logits_from_hash(h, seq[-1], prev2)
         self.pending = tree
         self.n_verify += 1
-        return out.argmax(axis=1).astype(np.int32) if want == "argmax" else out
+        self.n_nodes += n
+        return out.argmax(axis=1).astype(np.int32), out[:n_logits]
 
     def commit(self, path) -> None:
         tree = self.pending
@@ -124,9 +127,9 @@ class ToyVerifier:
 
 def plain_greedy(verifier, prompt, n_new, eos=None):
     """Greedy decoding through a verifier's own interface, one root-only tree per step."""
-    out = [verifier.prefill(np.asarray(prompt, np.int32), "argmax")]
+    out = [int(verifier.prefill(np.asarray(prompt, np.int32))[0][0])]
     while len(out) < n_new and not (eos is not None and out[-1] == eos):
         tree = DraftTree.root_only(out[-1])
-        out.append(int(verifier.verify(tree, "argmax")[0]))
+        out.append(int(verifier.verify(tree)[0][0]))
         verifier.commit(np.array([0], np.int32))
     return np.array(out, np.int32)

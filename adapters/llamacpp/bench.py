@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import draftcore
-from draftcore.bench import Method, Prompt, Run
-from draftcore.bench import draftcore_method as bench_method
-from draftcore.datasets import humaneval_problems, mtbench_first_turns
+from draftcore.tools.bench import Method, Prompt, Run
+from draftcore.tools.bench import draftcore_method as bench_method
+from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns
 from draftcore.errors import ConfigError, InputError
 
 from .context import import_llama_cpp

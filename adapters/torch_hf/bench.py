@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 import draftcore
-from draftcore.bench import Method, Prompt, Run
-from draftcore.bench import draftcore_method as bench_method
-from draftcore.datasets import humaneval_problems, mtbench_first_turns
+from draftcore.tools.bench import Method, Prompt, Run
+from draftcore.tools.bench import draftcore_method as bench_method
+from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns
 
 from .head import decoder_of
 from .verifier import HFVerifier

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from draftcore.bench import run_benchmark, summarize
+from draftcore.tools.bench import run_benchmark, summarize
 
 from .bench import load_prompts, make_methods
 from .smollm2 import load_smollm2

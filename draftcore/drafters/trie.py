@@ -26,10 +26,11 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..tree import DraftTree
 from ..validate import positive_float, positive_int, token_array
-from . import trie_kernels as K
+from ..jit import kernels
 
 LAYOUTS = ("hierarchical", "parallel", "single")
 _SAVE_FORMAT = 1
+_KERNELS = "draftcore.drafters.trie_kernels"
 _STATE_NAMES = ("links", "freq", "free", "root", "meta")
 
 
@@ -42,6 +43,7 @@ class TrieDrafter:
                  prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
                  use_top: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
                  insert_prompt: bool = True, insert_output: bool = True, eliminate_prompt: bool = True):
+        K = self._K = kernels(_KERNELS)
         self.branch_length = positive_int("branch_length", branch_length, minimum=2)
         self.capacity = positive_int("capacity", capacity)
         if self.capacity <= 2 * self.branch_length:
@@ -68,7 +70,6 @@ class TrieDrafter:
         self._active = False
         self._cand_scores = np.empty(K.CANDIDATES, np.float32)
         self._cand_items = np.empty((K.CANDIDATES, 3), np.int32)
-        _warm_up_kernels()
 
     @classmethod
     def paper(cls, **options) -> "TrieDrafter":
@@ -120,11 +121,11 @@ class TrieDrafter:
             if budget + 1 > self._out.shape[1]:
                 self._out = np.empty((5, budget + 1), np.int32)
                 self._scores = np.empty(budget + 1, np.float32)
-                n_candidates = max(K.CANDIDATES, 4 * (budget + 2))
+                n_candidates = max(self._K.CANDIDATES, 4 * (budget + 2))
                 self._cand_scores = np.empty(n_candidates, np.float32)
                 self._cand_items = np.empty((n_candidates, 3), np.int32)
         links, freq, free, root, meta, front, top, top_w = self._state
-        n = K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
+        n = self._K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
                    self._n_stream, self._n_prompt, self._count_from(), self._cand_scores, self._cand_items,
                    self._out, self._scores, context, self.max_match, budget, self.prompt_weight,
                    self.recent_weight, self.min_stage_nodes, self.fill, self.use_top, self._mode)
@@ -140,7 +141,7 @@ class TrieDrafter:
             return
         self._count_pending()
         links, freq, free, root, meta, _, top, top_w = self._state
-        K.end_request(links, freq, free, root, meta, top, top_w, self._stream, self._n_stream,
+        self._K.end_request(links, freq, free, root, meta, top, top_w, self._stream, self._n_stream,
                       self._n_prompt if self.insert_prompt else 0, self.branch_length,
                       not self.eliminate_prompt, self.prompt_weight, self.recent_weight)
         self._active = False
@@ -155,22 +156,22 @@ class TrieDrafter:
             seq = token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
             front = np.full(self.branch_length, -1, np.int32)
             links, freq, free, root, meta, _, top, top_w = self._state
-            K.extend(links, freq, free, root, meta, front, top, top_w, seq, 0, seq.shape[0], 0, 0,
+            self._K.extend(links, freq, free, root, meta, front, top, top_w, seq, 0, seq.shape[0], 0, 0,
                      self.prompt_weight, self.recent_weight)
-            K.end_request(links, freq, free, root, meta, top, top_w, seq, seq.shape[0], 0,
+            self._K.end_request(links, freq, free, root, meta, top, top_w, seq, seq.shape[0], 0,
                           self.branch_length, False, self.prompt_weight, self.recent_weight)
 
     @property
     def n_nodes(self) -> int:
         """Live nodes in the pool (never more than capacity)."""
         self._count_pending()
-        return self.capacity - int(self._state[4][K.N_FREE])
+        return self.capacity - int(self._state[4][self._K.N_FREE])
 
     def check_integrity(self) -> None:
         """Raise InputError if the pool's links, free list or counts are inconsistent (for tests)."""
         self._count_pending()
         links, freq, free, root, meta = self._state[:5]
-        code, node = K.find_corruption(links, freq, free, root, meta)
+        code, node = self._K.find_corruption(links, freq, free, root, meta)
         if code:
             raise InputError(f"trie: corrupt node pool (check {code}) at node {node}; see find_corruption")
 
@@ -181,7 +182,7 @@ class TrieDrafter:
             raise InputError(f"path: cannot save {path!r} during a request; call finish() first")
         config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
         links, freq, free, root, meta = self._state[:5]
-        counts = freq[:, K.PROMPT:K.RECENT + 1]
+        counts = freq[:, self._K.PROMPT:self._K.RECENT + 1]
         with open(path, "wb") as f:
             np.savez(f, config=config, links=links[:, :4], freq=counts, free=free, root=root, meta=meta)
 
@@ -189,6 +190,7 @@ class TrieDrafter:
     def load(cls, path, **options) -> "TrieDrafter":
         """Read a trie written by `save`, validating every array before using any; `options` as
         for the constructor (capacity, branch_length and token_limit come from the file)."""
+        K = kernels(_KERNELS)
         expected = f"a TrieDrafter file (.npz of config, {', '.join(_STATE_NAMES)})"
         try:
             with np.load(path, allow_pickle=False) as data:
@@ -234,7 +236,7 @@ class TrieDrafter:
         """Count the branches of tokens appended since the last count."""
         if self._n_counted < self._n_stream:
             links, freq, free, root, meta, front, top, top_w = self._state
-            K.extend(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
+            self._K.extend(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
                      self._n_stream, self._n_prompt, self._count_from(), self.prompt_weight, self.recent_weight)
             self._n_counted = self._n_stream
 
@@ -267,29 +269,3 @@ def _unmerge(tokens, parents, depths, scores, budget):
             parent = len(out_t) - 1
     return (np.array(out_t, np.int32), np.array(out_p, np.int32), np.array(out_d, np.int32),
             np.array(out_s, np.float32))
-
-
-_WARM = False
-
-
-def _warm_up_kernels() -> None:
-    """Compile (or load from numba's cache) every kernel once, on a throwaway pool."""
-    global _WARM
-    if _WARM:
-        return
-    links, freq, free, root, meta, front, top, top_w = K.new_state(64, 4, 16)
-    stream = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
-    cs, ci = np.empty(16, np.float32), np.empty((16, 3), np.int32)
-    out, scores = np.empty((5, 9), np.int32), np.empty(9, np.float32)
-    K.extend(links, freq, free, root, meta, front, top, top_w, stream, 0, 5, 4, 0, 2.0, 2.0)
-    for fill in (True, False):
-        K.retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:5], 3, 8, 2.0, 2.0, 2,
-                   fill, True, K.MODE_HIERARCHICAL)
-        K.step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, 0, cs, ci, out, scores,
-               stream, 3, 8, 2.0, 2.0, 2, fill, True, K.MODE_SINGLE)
-    K.make_room(links, freq, free, root, meta, 60)
-    K.end_request(links, freq, free, root, meta, top, top_w, stream, stream.shape[0], 4, 4, False, 2.0, 2.0)
-    K.find_corruption(links, freq, free, root, meta)
-    from ..acceptance import greedy_accept
-    greedy_accept(stream[:3], np.array([-1, 0, 1], np.int32), stream[:3])
-    _WARM = True

@@ -573,3 +573,20 @@ def find_corruption(links, freq, free, root, meta):
     if n_seen + n_free != capacity:
         return 4, -1
     return 0, -1
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel once, on a throwaway pool (draftcore.jit)."""
+    links, freq, free, root, meta, front, top, top_w = new_state(64, 4, 16)
+    stream = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
+    cs, ci = np.empty(16, np.float32), np.empty((16, 3), np.int32)
+    out, scores = np.empty((5, 9), np.int32), np.empty(9, np.float32)
+    extend(links, freq, free, root, meta, front, top, top_w, stream, 0, 5, 4, 0, 2.0, 2.0)
+    for fill in (True, False):
+        retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:5], 3, 8, 2.0, 2.0, 2,
+                 fill, True, MODE_HIERARCHICAL)
+        step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, 0, cs, ci, out, scores,
+             stream, 3, 8, 2.0, 2.0, 2, fill, True, MODE_SINGLE)
+    make_room(links, freq, free, root, meta, 60)
+    end_request(links, freq, free, root, meta, top, top_w, stream, stream.shape[0], 4, 4, False, 2.0, 2.0)
+    find_corruption(links, freq, free, root, meta)

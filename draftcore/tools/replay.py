@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError
-from .speculate import speculate
+from ..errors import InputError
+from ..speculate import speculate
 from .traces import Trace
-from .tree import DraftTree
+from ..tree import DraftTree
 
 
 class TraceVerifier:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
-from .validate import token_array
+from ..errors import InputError
+from ..validate import token_array
 
 
 @dataclass(frozen=True)

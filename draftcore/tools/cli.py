@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from .errors import DraftcoreError
+from ..errors import DraftcoreError
 
 
 def _add_trie_options(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def _add_trie_options(p: argparse.ArgumentParser) -> None:
 
 
 def make_trie(args):
-    from .drafters.trie import TrieDrafter
+    from ..drafters.trie import TrieDrafter
     return TrieDrafter(capacity=args.capacity, branch_length=args.branch_length, max_match=args.max_match,
                        prompt_weight=args.prompt_weight, fill=not args.no_fill, layout=args.layout)
 

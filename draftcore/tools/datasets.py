@@ -10,7 +10,7 @@ import importlib.util
 import json
 import os
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def _package_file(package: str, *parts: str, pip_name: str) -> str:

@@ -1,0 +1,156 @@
+"""Validation at the Verifier boundary, written once: the loop and every adapter call these.
+
+    check_tree(tree, vocab_size)          a DraftTree a backend may index embeddings with and build masks from
+    check_n_logits(n_logits, tree)        how many leading rows of logits a verify returns
+    check_path(path, tree)                a root-first parent chain of the last verified tree
+    check_node_results(...)               what a verifier returned (the loop's check of a backend)
+    VerifierLimits.of(verifier)           the protocol's attributes, the optional ones included
+
+Input from a caller is refused with `InputError` before any state changes; output from a backend
+that breaks the protocol is a `BackendError`. Every message names the argument, the value and what
+was expected. The checks are vectorised numpy (no numba: they run at import-free call sites too).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import BackendError, InputError, describe
+from .tree import DraftTree
+from .validate import positive_int
+
+MISSING = -1  # a node's token when the backend did not evaluate that node (see Verifier.verify)
+
+
+def check_tree(tree, vocab_size: int | None = None) -> DraftTree:
+    """Return `tree` if it is a well-formed DraftTree, else raise InputError: 1-D int32 arrays of
+    one length n >= 1; parents[0] == -1, depths[0] == 0, 0 <= parents[i] < i, depths[i] ==
+    depths[parents[i]] + 1; tokens in [0, vocab_size); scores None or float[n]; 0 <= n_lookahead < n
+    and every lookahead node's parent the root or a lookahead node."""
+    if not isinstance(tree, DraftTree):
+        raise InputError(f"tree: expected a draftcore.DraftTree, got {describe(tree)}")
+    for name in ("tokens", "parents", "depths"):
+        arr = getattr(tree, name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
+            raise InputError(f"tree.{name}: expected a non-empty 1-D int32 array, got {describe(arr)}")
+    n = tree.tokens.shape[0]
+    if not tree.parents.shape == tree.depths.shape == (n,):
+        raise InputError(f"tree: arrays differ in length: tokens {tree.tokens.shape}, parents "
+                         f"{tree.parents.shape}, depths {tree.depths.shape}")
+    if tree.scores is not None and (not isinstance(tree.scores, np.ndarray) or tree.scores.shape != (n,)
+                                    or not np.issubdtype(tree.scores.dtype, np.floating)):
+        raise InputError(f"tree.scores: expected None or float32[{n}], got {describe(tree.scores)}")
+    upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
+    lo, hi = int(tree.tokens.min()), int(tree.tokens.max())
+    if lo < 0 or hi >= upper:
+        raise InputError(f"tree.tokens: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {upper})")
+    bad = _first_bad_node(tree.parents, tree.depths)
+    if bad >= 0:
+        raise InputError(
+            f"tree: malformed at node {bad} (expected parents[0] == -1, 0 <= parents[i] < i, depths[0] == 0, "
+            f"depths[i] == depths[parents[i]] + 1): parent={int(tree.parents[bad])}, depth={int(tree.depths[bad])}")
+    n_lookahead = tree.n_lookahead
+    if isinstance(n_lookahead, bool) or not isinstance(n_lookahead, (int, np.integer)) or not 0 <= n_lookahead < n:
+        raise InputError(f"tree.n_lookahead: expected an int in [0, {n - 1}] (the root is never a lookahead "
+                         f"node), got {describe(n_lookahead)}")
+    if n_lookahead:
+        first = n - n_lookahead
+        window = tree.parents[first:]
+        wrong = np.flatnonzero((window != 0) & (window < first))
+        if wrong.size:
+            i = first + int(wrong[0])
+            raise InputError(f"tree: lookahead node {i} hangs below candidate {int(tree.parents[i])}; a lookahead "
+                             f"node's parent must be the root or another lookahead node (index >= {first})")
+    return tree
+
+
+def _first_bad_node(parents: np.ndarray, depths: np.ndarray) -> int:
+    """Index of the first node breaking the tree invariants, or -1."""
+    if parents[0] != -1 or depths[0] != 0:
+        return 0
+    p = parents[1:].astype(np.int64)
+    ok = (p >= 0) & (p < np.arange(1, parents.shape[0]))
+    ok[ok] = depths[1:][ok] == depths[p[ok]] + 1
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) + 1 if bad.size else -1
+
+
+def check_n_logits(n_logits, n_nodes: int) -> int:
+    """`n_logits` as an int in [0, n_nodes] (the leading rows whose logits a call returns), or InputError."""
+    if isinstance(n_logits, bool) or not isinstance(n_logits, (int, np.integer)) or not 0 <= n_logits <= n_nodes:
+        raise InputError(f"n_logits: expected an int in [0, {n_nodes}] (rows of logits to return for a "
+                         f"{n_nodes}-node call), got {describe(n_logits)}")
+    return int(n_logits)
+
+
+def check_path(path, tree: DraftTree) -> np.ndarray:
+    """int32[k]: `path` as a root-first parent chain of `tree` (node indices), or InputError."""
+    arr = np.asarray(path) if not isinstance(path, np.ndarray) else path
+    if arr.ndim != 1 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"path: expected a non-empty 1-D int32 array of tree node indices, got {describe(path)}")
+    n = len(tree)
+    if arr.min() < 0 or arr.max() >= n:
+        raise InputError(f"path: node indices must lie in [0, {n}) for the last verified tree, got {arr.tolist()}")
+    if arr[0] != 0:
+        raise InputError(f"path: must start at the root (node 0), got {arr.tolist()}")
+    arr = np.ascontiguousarray(arr, dtype=np.int32)
+    bad = np.flatnonzero(tree.parents[arr[1:]] != arr[:-1])
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise InputError(f"path: node {int(arr[i])} at path[{i}] is not a child of path[{i - 1}] = "
+                         f"{int(arr[i - 1])} (its parent is {int(tree.parents[arr[i]])}); "
+                         f"expected a root-first parent chain, got {arr.tolist()}")
+    return arr
+
+
+def check_node_results(result, n_nodes: int, n_logits: int, vocab_size: int, where: str):
+    """(tokens int32[n_nodes], logits float32[n_logits, vocab_size]) from what a verifier's
+    `prefill` or `verify` returned, or BackendError naming `where` and what is wrong.
+
+    tokens[i] is the argmax of node i's raw logits, or MISSING (-1) for a node the backend did not
+    evaluate; the root and the first n_logits nodes must be evaluated. Logits may hold -inf (a masked token),
+    never NaN or +inf, and every row needs a finite entry.
+    """
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise BackendError(f"{where}: expected a tuple (tokens int32[{n_nodes}], logits float32[{n_logits}, "
+                           f"{vocab_size}]), got {describe(result)}")
+    tokens, logits = result
+    if not isinstance(tokens, np.ndarray) or tokens.shape != (n_nodes,) or not np.issubdtype(tokens.dtype, np.integer):
+        raise BackendError(f"{where}: expected tokens int32[{n_nodes}], got {describe(tokens)}")
+    if tokens.min() < MISSING or tokens.max() >= vocab_size or tokens[:max(1, n_logits)].min() < 0:
+        raise BackendError(f"{where}: token outside [0, {vocab_size}) (or -1 for a node not evaluated, never "
+                           f"the root nor one of the first {n_logits} nodes, whose logits were asked for): "
+                           f"{tokens.tolist()}")
+    if (not isinstance(logits, np.ndarray) or logits.shape != (n_logits, vocab_size)
+            or not np.issubdtype(logits.dtype, np.floating)):
+        raise BackendError(f"{where}: expected logits float32[{n_logits}, {vocab_size}], got {describe(logits)}")
+    if n_logits and not np.isfinite(logits.max(axis=1)).all():
+        # one reduction: NaN, +inf and an all -inf row all show in the row maxima
+        raise BackendError(f"{where}: logits contain NaN or +inf, or a row with no finite logit")
+    return tokens.astype(np.int32, copy=False), logits
+
+
+@dataclass(frozen=True)
+class VerifierLimits:
+    """What one verify may hold, from the Verifier protocol's attributes (validated once per call).
+
+    vocab_size, max_context: required attributes. max_tree_nodes (optional attribute): the most
+    nodes one verify takes, else max_context. max_tree_leaves (optional): the most leaves one tree
+    may have (llama.cpp: one sequence id per leaf), else no limit.
+    """
+
+    vocab_size: int
+    max_context: int
+    max_tree_nodes: int
+    max_tree_leaves: int | None
+
+    @staticmethod
+    def of(verifier) -> "VerifierLimits":
+        vocab_size = positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None))
+        max_context = positive_int("verifier.max_context", getattr(verifier, "max_context", None))
+        nodes = getattr(verifier, "max_tree_nodes", None)
+        nodes = max_context if nodes is None else positive_int("verifier.max_tree_nodes", nodes)
+        leaves = getattr(verifier, "max_tree_leaves", None)
+        leaves = None if leaves is None else positive_int("verifier.max_tree_leaves", leaves)
+        return VerifierLimits(vocab_size, max_context, nodes, leaves)

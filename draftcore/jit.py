@@ -1,0 +1,37 @@
+"""Where draftcore's numba kernels are loaded: on first use, never at `import draftcore`.
+
+Initialising numba's LLVM in a process that later loads a CUDA build of llama.cpp crashed it (a
+segfault on the H100 machines), and `import draftcore` should cost nothing a user did not ask for.
+So no module that `import draftcore` runs imports numba: the modules that hold `@njit` kernels
+are imported through `kernels(name)` by the objects that need them, at construction::
+
+    K = jit.kernels("draftcore.drafters.trie_kernels")   # import + compile (or load numba's cache) once
+    K.step(...)
+
+Each kernel module defines `warm_up()`, which calls every kernel once on tiny inputs, so the compile
+(or the load of numba's on-disk cache) happens there and not inside a timed decode step.
+
+    module                              kernels
+    draftcore.tree_kernels              ancestor mask, depths from parents
+    draftcore.acceptance                greedy walk, one step of the exact sampling walk
+    draftcore.processors                repetition / presence / frequency penalties, top-k, top-p, min-p
+    draftcore.drafters.trie_kernels     the trie drafter's node pool, counting and retrieval
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+
+_lock = threading.Lock()
+_warm: set[str] = set()  # kernel modules whose warm_up() has run in this process
+
+
+def kernels(module_name: str):
+    """The kernel module `module_name`, imported and warmed up (once per process, thread-safe)."""
+    module = importlib.import_module(module_name)
+    if module_name not in _warm:
+        with _lock:
+            if module_name not in _warm:
+                module.warm_up()
+                _warm.add(module_name)
+    return module

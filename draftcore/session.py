@@ -1,0 +1,91 @@
+"""What persists between the requests one verifier serves: its drafter and its draft budget.
+
+Speculative decoding gets faster as it runs: the trie learns the text a deployment generates, and
+the cost-aware budget learns what a verify of each size costs on this machine and how often drafts
+of each confidence are accepted. Both must outlive a request, so they live in a `Session`::
+
+    session = draftcore.Session(verifier)                # a TrieDrafter sized to the vocabulary + auto budget
+    result = session.speculate(prompt_ids, max_new_tokens=128)
+    session.drafter, session.budget                      # what it has learnt, visible
+    session.reset()                                      # forget it
+
+The bare call `draftcore.speculate(verifier, prompt)` uses the verifier's own session,
+`Session.of(verifier)`: created on first use, kept for as long as the verifier lives, and the same
+object every time, so it can be inspected or replaced. Passing `drafter=` or `budget=` to
+`speculate` overrides that part for one call.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+
+from .budget import CostAwareBudget, as_budget_policy
+from .checks import VerifierLimits
+
+
+class Session:
+    """A verifier with the drafter and budget policy that its requests share.
+
+    verifier: any Verifier.
+    drafter: a Drafter; default a `TrieDrafter` whose token index covers the verifier's vocabulary.
+    budget: "auto" (default: a `CostAwareBudget`), an int (a fixed number of drafted candidates per
+        step) or a budget policy object.
+    """
+
+    _sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> its Session.of
+    _sessions_lock = threading.Lock()
+
+    def __init__(self, verifier, *, drafter=None, budget="auto"):
+        self.verifier = verifier
+        self._custom_drafter = drafter is not None
+        self._budget_spec = budget
+        self.drafter = drafter if drafter is not None else default_drafter(verifier)
+        self.budget = CostAwareBudget() if budget == "auto" else as_budget_policy(budget)
+
+    @classmethod
+    def of(cls, verifier) -> "Session":
+        """The session `draftcore.speculate(verifier, ...)` uses when no drafter or budget is passed:
+        one per verifier, created on first use and dropped with the verifier. A verifier that cannot
+        be weakly referenced gets a fresh session per call (and a warning): keep a Session yourself."""
+        with cls._sessions_lock:
+            try:
+                session = cls._sessions.get(verifier)
+            except TypeError:
+                session = None
+                warnings.warn(f"{type(verifier).__name__} cannot be weakly referenced, so draftcore cannot keep "
+                              f"its drafter and budget between calls; create a draftcore.Session(verifier) "
+                              f"and call session.speculate(...) instead", RuntimeWarning, stacklevel=3)
+                return cls(verifier)
+            if session is None:
+                session = cls._sessions[verifier] = cls(verifier)
+            return session
+
+    def speculate(self, prompt, **options):
+        """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`."""
+        from .speculate import speculate
+        options.setdefault("drafter", self.drafter)
+        options.setdefault("budget", self.budget)
+        return speculate(self.verifier, prompt, **options)
+
+    def stream(self, prompt, **options):
+        """`draftcore.speculate_stream` with this session's drafter and budget."""
+        from .speculate import speculate_stream
+        options.setdefault("drafter", self.drafter)
+        options.setdefault("budget", self.budget)
+        return speculate_stream(self.verifier, prompt, **options)
+
+    def reset(self) -> None:
+        """Forget what was learnt: a fresh default drafter (unless one was given) and budget."""
+        if not self._custom_drafter:
+            self.drafter = default_drafter(self.verifier)
+        self.budget = CostAwareBudget() if self._budget_spec == "auto" else as_budget_policy(self._budget_spec)
+
+    def __repr__(self) -> str:
+        return f"Session({type(self.verifier).__name__}, drafter={self.drafter!r}, budget={self.budget!r})"
+
+
+def default_drafter(verifier):
+    """The drafter a session starts with: a TrieDrafter whose root index covers the vocabulary."""
+    from .drafters.trie import TrieDrafter
+    return TrieDrafter(token_limit=VerifierLimits.of(verifier).vocab_size)
