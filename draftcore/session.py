@@ -37,7 +37,7 @@ class Session:
     _sessions_lock = threading.Lock()
 
     def __init__(self, verifier, *, drafter=None, budget="auto"):
-        self.verifier = verifier
+        self._verifier = verifier
         self._custom_drafter = drafter is not None
         self._budget_spec = budget
         self.drafter = drafter if drafter is not None else default_drafter(verifier)
@@ -59,7 +59,17 @@ class Session:
                 return cls(verifier)
             if session is None:
                 session = cls._sessions[verifier] = cls(verifier)
+                # The registry's value must not keep its key alive: this session holds its verifier weakly.
+                session._verifier = weakref.ref(verifier)
             return session
+
+    @property
+    def verifier(self):
+        """The verifier this session serves."""
+        verifier = self._verifier() if isinstance(self._verifier, weakref.ref) else self._verifier
+        if verifier is None:
+            raise ReferenceError("Session: its verifier was garbage-collected")
+        return verifier
 
     def speculate(self, prompt, **options):
         """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`."""

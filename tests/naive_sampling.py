@@ -83,22 +83,22 @@ def naive_sample_accept(tokens, parents, probs, uniforms, variant="exact"):
     path = [0]
     i_draw = 0
     while True:
-        child, token, i_draw = naive_sample_step(tokens, parents, path[-1], probs[path[-1]], uniforms, i_draw,
-                                                 None, variant)
+        child, token, i_draw = naive_sample_step(tokens, parents, len(tokens), path[-1], probs[path[-1]], uniforms,
+                                                 i_draw, None, variant)
         if child < 0:
             return np.array(path, np.int32), token
         path.append(child)
 
 
-def naive_sample_step(tokens, parents, u, p, uniforms, i_draw, left=None, variant="exact"):
+def naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left=None, variant="exact"):
     """One node of the walk, with the signature of draftcore.acceptance.sample_step (`left` unused):
-    (accepted child, -1, i_draw) or (-1, drawn token, i_draw)."""
+    (accepted child, -1, i_draw) or (-1, drawn token, i_draw); children among nodes < n_walk."""
     p = [float(x) for x in p]
     total = sum(p)
     p = [x / total for x in p]
     left = list(p)
     mass = 1.0
-    for c in [c for c in range(u + 1, len(tokens)) if int(parents[c]) == u]:
+    for c in [c for c in range(u + 1, n_walk) if int(parents[c]) == u]:
         r = uniforms[i_draw]
         i_draw += 1
         t = int(tokens[c])

@@ -14,22 +14,40 @@ COST = {1: 1.0, 2: 1.6, 3: 1.9, 4: 1.3, 5: 1.35, 6: 1.4, 8: 1.6, 12: 1.9, 16: 2.
         48: 5.0, 64: 6.5, 65: 6.6}
 
 
-def chain(n_draft: int, score: float) -> DraftTree:
+def chain(n_draft: int, score: float, window: int = 0) -> DraftTree:
+    """A chain of n_draft candidates, with a Jacobi-shaped window of `window` lookahead nodes
+    (two levels: a chain from the root, and nodes one position later hanging off it)."""
     tree = DraftTree.chain(7, np.arange(n_draft) + 10)
-    tree.scores = np.r_[1.0, np.full(n_draft, score)].astype(np.float32)
+    scores = np.r_[1.0, np.full(n_draft, score)]
+    if window:
+        first = n_draft + 1
+        level0 = (window + 1) // 2
+        parents = [0] + list(range(first, first + level0 - 1))                 # level 0: a chain from the root
+        parents += [0] + list(range(first, first + window - level0 - 1))       # level 1: one position later
+        depths = np.r_[tree.depths, np.arange(1, level0 + 1), np.arange(1, window - level0 + 1)]
+        tree = DraftTree.build(np.r_[tree.tokens, np.arange(window) + 100], np.r_[tree.parents, parents], depths,
+                               n_lookahead=window)
+        scores = np.r_[scores, np.zeros(window)]
+    tree.scores = scores.astype(np.float32)
     return tree
 
 
-def drive(policy, steps: int, n_accepted: int, score: float = 0.3) -> Counter:
-    """Offer 64-node chains whose first `n_accepted` drafted nodes are always accepted."""
+def cost_of(n_nodes) -> float:
+    return float(np.interp(n_nodes, list(COST), list(COST.values())))
+
+
+def drive(policy, steps: int, n_accepted: int, score: float = 0.3, window: int = 0) -> Counter:
+    """Offer 64-candidate chains (plus a window) whose first `n_accepted` candidates are always
+    accepted; a step costs COST of its total node count."""
     chosen = Counter()
     for step in range(steps):
-        tree = chain(64, score)
+        tree = chain(64, score, window)
         k = policy.choose(tree)
         assert 0 <= k <= 64
-        verified = tree.truncated(1 + k)
+        verified = tree.with_candidates(k)
+        assert verified.n_draft == k and verified.n_lookahead == window
         path = np.arange(1 + min(k, n_accepted), dtype=np.int32)
-        policy.observe(verified, path, np.interp(len(verified), list(COST), list(COST.values())))
+        policy.observe(verified, path, cost_of(len(verified)))
         if step >= steps // 2 and step % policy.explore_every != policy.explore_every - 1:
             chosen[k] += 1
     return chosen
@@ -68,7 +86,30 @@ def test_menu():
 def test_off_menu_sizes_teach_no_cost():
     policy = CostAwareBudget()
     policy.observe(chain(6, 0.5), np.arange(1, dtype=np.int32), 9.0)   # 7 nodes: not on the menu
-    assert np.isnan(policy._cost).all()
+    assert all(np.isnan(c).all() for c in policy._cost.values())
+
+
+def test_a_window_is_priced_whole_and_never_cut():
+    """With a 30-node window every step verifies the whole window; the cost learnt for k candidates
+    is the cost of k + 1 + 30 nodes, and the window never enters the acceptance calibration."""
+    policy = CostAwareBudget()
+    offered_before = policy._offered.sum()
+    drive(policy, 300, n_accepted=3, window=30)   # drive() asserts the window is always whole
+    measured = {int(s): c for s, c in zip(policy.sizes, policy._cost[30]) if not np.isnan(c)}
+    assert measured and all(c == pytest.approx(cost_of(s + 30)) for s, c in measured.items())
+    assert 0 not in policy._cost or np.isnan(policy._cost[0]).all()  # nothing was priced without the window
+    # 300 steps offered at most 300 * 64 candidate nodes and never a lookahead node (scores 0 there
+    # would pile up in bin 0: check that bin stays at its prior).
+    assert policy._offered[0].sum() == pytest.approx(2.0 * policy._RANKS)
+    assert policy._offered.sum() > offered_before
+
+
+def test_windows_of_different_sizes_keep_separate_costs():
+    policy = CostAwareBudget()
+    drive(policy, 60, n_accepted=2, window=10)
+    drive(policy, 60, n_accepted=2)
+    assert set(policy._cost) == {0, 10}
+    assert policy.cost(4, 10) > policy.cost(4, 0)
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_nodes=0), dict(smoothing=1.5), dict(smoothing=0),
@@ -88,14 +129,13 @@ def test_auto_budget_is_kept_per_verifier_across_calls():
     from toy import ToyModel, ToyVerifier
 
     import draftcore
-    from draftcore.budget import auto_budget
 
     first, second = ToyVerifier(ToyModel(seed=0)), ToyVerifier(ToyModel(seed=1))
     prompt = np.array([1, 2, 3, 1, 2, 3, 1, 2], np.int32)
     draftcore.speculate(first, prompt, max_new_tokens=20, budget="auto")
-    policy = auto_budget(first)
+    policy = draftcore.Session.of(first).budget
     steps_after_one = policy._step
-    assert steps_after_one > 0 and not np.isnan(policy._cost[0])   # it measured while it ran
-    draftcore.speculate(first, prompt, max_new_tokens=20, budget="auto")
-    assert auto_budget(first) is policy and policy._step > steps_after_one  # and carried on
-    assert auto_budget(second) is not policy and auto_budget(second)._step == 0
+    assert steps_after_one > 0 and not np.isnan(policy._cost[0][0])   # it measured while it ran
+    draftcore.speculate(first, prompt, max_new_tokens=20)              # the bare call: the same budget
+    assert draftcore.Session.of(first).budget is policy and policy._step > steps_after_one  # and carried on
+    assert draftcore.Session.of(second).budget is not policy and draftcore.Session.of(second).budget._step == 0

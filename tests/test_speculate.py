@@ -171,7 +171,7 @@ def requests(draw):
     model_seed = draw(st.integers(0, 2**16))
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=30))
     max_new = draw(st.integers(1, 60))
-    budget = draw(st.one_of(st.integers(0, 64), st.just("auto")))
+    budget = draw(st.one_of(st.integers(0, 64), st.just("auto"), st.none()))
     eos = draw(st.one_of(st.none(), st.integers(0, vocab - 1), st.lists(st.integers(0, vocab - 1), max_size=3)))
     stops = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3), max_size=2))
     slack = draw(st.sampled_from([0, 0, 1, 100]))  # 0: the cache holds exactly prompt + max_new_tokens
@@ -284,10 +284,14 @@ def test_budget_zero_is_plain_decoding():
     assert result.stats.steps == 20 and result.stats.drafted_tokens == 0
 
 
-def test_default_drafter_is_a_trie():
+def test_default_drafter_is_the_verifiers_session_trie():
     model = ToyModel(vocab_size=10, seed=2)
-    result = draftcore.speculate(ToyVerifier(model), [4, 5], max_new_tokens=30)
+    verifier = ToyVerifier(model)
+    result = draftcore.speculate(verifier, [4, 5], max_new_tokens=30)
     check_result(result, *expected_output(model, [4, 5], 30))
+    session = draftcore.Session.of(verifier)
+    assert isinstance(session.drafter, TrieDrafter) and session.drafter.token_limit == 10
+    assert isinstance(session.budget, draftcore.CostAwareBudget)
 
 
 def test_text_prompt_with_encode_decode():
@@ -368,7 +372,7 @@ def test_greedy_accept_matches_naive():
             while node > 0:
                 model[parents[node]] = tokens[node]
                 node = parents[node]
-        path, nxt = greedy_accept(tokens, parents, model)
+        path, nxt = greedy_accept(tokens, parents, model, n)
         ref_path, ref_next = naive_greedy_accept(tokens.tolist(), parents.tolist(), model.tolist())
         assert path.tolist() == ref_path and int(nxt) == ref_next
         assert path.dtype == np.int32
@@ -384,7 +388,8 @@ def test_greedy_accept_matches_naive():
 def test_greedy_accept_matches_naive_hypothesis(t):
     tokens, parent_draw, model = t
     parents = [-1] + [parent_draw[i] % i for i in range(1, len(tokens))]
-    path, nxt = greedy_accept(np.array(tokens, np.int32), np.array(parents, np.int32), np.array(model, np.int32))
+    path, nxt = greedy_accept(np.array(tokens, np.int32), np.array(parents, np.int32), np.array(model, np.int32),
+                              len(tokens))
     assert (path.tolist(), int(nxt)) == naive_greedy_accept(tokens, parents, model)
 
 
@@ -421,7 +426,10 @@ BAD_CALLS = [
     (dict(budget=-1), ConfigError, ["budget", "-1"]),
     (dict(budget=2.0), ConfigError, ["budget", "2.0"]),
     (dict(budget="fast"), ConfigError, ["budget", "'fast'"]),
-    (dict(budget=None), ConfigError, ["budget", "None"]),
+    (dict(budget=[4]), ConfigError, ["budget", "[4]"]),
+    (dict(stop_sequences=5), InputError, ["stop_sequences", "5"]),
+    (dict(drafter=object()), ConfigError, ["drafter", "propose"]),
+    (dict(clock=3.0), ConfigError, ["clock", "3.0"]),
 ]
 
 
@@ -462,29 +470,37 @@ class BadVerifier(ToyVerifier):
         super().__init__(model, **kw)
         self.mode = mode
 
-    def prefill(self, prompt, want="argmax"):
-        tok = super().prefill(prompt, want)
-        return {"prefill_oob": self.vocab_size, "prefill_neg": -1, "prefill_float": 1.5,
+    def prefill(self, prompt, n_logits=0):
+        tokens, logits = super().prefill(prompt, n_logits)
+        i32 = lambda v: np.array(v, np.int32)  # noqa: E731
+        return {"prefill_oob": (i32([self.vocab_size]), logits), "prefill_missing": (i32([-1]), logits),
+                "prefill_float": (np.array([1.5]), logits), "prefill_bare_int": int(tokens[0]),
                 "prefill_logits": np.zeros(self.vocab_size, np.float32), "prefill_none": None,
-                "prefill_bool": True}.get(self.mode, tok)
+                "prefill_two_rows": (i32([1, 2]), logits)}.get(self.mode, (tokens, logits))
 
-    def verify(self, tree, want="argmax"):
-        out = super().verify(tree, want)
+    def verify(self, tree, n_logits=0):
+        tokens, logits = super().verify(tree, n_logits)
         if self.n_verify < 2:
-            return out
+            return tokens, logits
         n = len(tree)
-        return {"long": np.zeros(n + 1, np.int32), "short": out[:-1], "2d": out[None, :],
-                "logits": np.zeros((n, self.vocab_size), np.float32), "float": out.astype(np.float32),
-                "oob": np.full(n, self.vocab_size, np.int32), "neg": np.full(n, -1, np.int32),
-                "list": out.tolist(), "none": None}.get(self.mode, out)
+        missing_path = tokens.copy()
+        missing_path[0] = -1
+        return {"long": (np.zeros(n + 1, np.int32), logits), "short": (tokens[:-1], logits),
+                "2d": (tokens[None, :], logits), "float": (tokens.astype(np.float32), logits),
+                "oob": (np.full(n, self.vocab_size, np.int32), logits), "neg": (np.full(n, -2, np.int32), logits),
+                "missing_root": (missing_path, logits), "list": (tokens.tolist(), logits), "none": None,
+                "bare_array": tokens, "logits_rows": (tokens, np.zeros((n + 1, self.vocab_size), np.float32)),
+                "triple": (tokens, logits, None)}.get(self.mode, (tokens, logits))
 
 
 @pytest.mark.parametrize("mode, where", [
-    ("prefill_oob", "verifier.prefill"), ("prefill_neg", "verifier.prefill"), ("prefill_float", "verifier.prefill"),
-    ("prefill_logits", "verifier.prefill"), ("prefill_none", "verifier.prefill"), ("prefill_bool", "verifier.prefill"),
-    ("long", "verifier.verify"), ("short", "verifier.verify"), ("2d", "verifier.verify"),
-    ("logits", "verifier.verify"), ("float", "verifier.verify"), ("oob", "verifier.verify"),
-    ("neg", "verifier.verify"), ("list", "verifier.verify"), ("none", "verifier.verify"),
+    ("prefill_oob", "verifier.prefill"), ("prefill_missing", "verifier.prefill"), ("prefill_float", "verifier.prefill"),
+    ("prefill_bare_int", "verifier.prefill"), ("prefill_logits", "verifier.prefill"),
+    ("prefill_none", "verifier.prefill"), ("prefill_two_rows", "verifier.prefill"),
+    ("long", "verifier.verify"), ("short", "verifier.verify"), ("2d", "verifier.verify"), ("float", "verifier.verify"),
+    ("oob", "verifier.verify"), ("neg", "verifier.verify"), ("missing_root", "verifier.verify"),
+    ("list", "verifier.verify"), ("none", "verifier.verify"), ("bare_array", "verifier.verify"),
+    ("logits_rows", "verifier.verify"), ("triple", "verifier.verify"),
 ])
 def test_misbehaving_verifier_raises_backend_error(mode, where):
     model = ToyModel(vocab_size=10, seed=0)
@@ -494,6 +510,42 @@ def test_misbehaving_verifier_raises_backend_error(mode, where):
     assert not trie._active  # the request was finished: its prompt counts are gone
     assert all(c[0] == 0 for c in pool_contents(trie._state).values())
     trie.check_integrity()
+
+
+class MissingOffPathVerifier(ToyVerifier):
+    """Reports -1 (not evaluated) for every node greedy acceptance does not walk, as a llama.cpp
+    context that holds one branch at a time does: legal, and the output stays exact."""
+
+    def verify(self, tree, n_logits=0):
+        tokens, logits = super().verify(tree, n_logits)
+        path, _ = naive_greedy_accept(tree.tokens.tolist(), tree.parents.tolist(), tokens.tolist())
+        reported = np.full_like(tokens, -1)
+        reported[path] = tokens[path]
+        reported[:max(1, n_logits)] = tokens[:max(1, n_logits)]
+        return reported, logits
+
+
+class MissingOnPathVerifier(ToyVerifier):
+    """Planted: reports -1 for a node greedy acceptance reaches (other than the root)."""
+
+    def verify(self, tree, n_logits=0):
+        tokens, logits = super().verify(tree, n_logits)
+        path, _ = naive_greedy_accept(tree.tokens.tolist(), tree.parents.tolist(), tokens.tolist())
+        if len(path) > 1:
+            tokens = tokens.copy()
+            tokens[path[-1]] = -1
+        return tokens, logits
+
+
+def test_nodes_reported_missing_are_fine_off_the_path_and_refused_on_it():
+    model = ToyModel(vocab_size=12, seed=3)
+    prompt = [1, 2, 3, 1, 2]
+    result = draftcore.speculate(MissingOffPathVerifier(model), prompt, max_new_tokens=40,
+                                 drafter=OracleDrafter(model, 0), budget=12)
+    check_result(result, *expected_output(model, prompt, 40))
+    with pytest.raises(BackendError, match="missing"):
+        draftcore.speculate(MissingOnPathVerifier(model), prompt, max_new_tokens=40, drafter=OracleDrafter(model, 0),
+                            budget=12)
 
 
 class BadDrafter(_Base):
@@ -575,9 +627,10 @@ class SiblingCommitVerifier(ToyVerifier):
 class OffByOnePositionVerifier(ToyVerifier):
     """Planted bug: verifies drafted nodes one position too far (a wrong position id)."""
 
-    def verify(self, tree, want="argmax"):
-        shifted = DraftTree(tree.tokens, tree.parents, tree.depths + np.minimum(tree.depths, 1))
-        out = super().verify(shifted, want)
+    def verify(self, tree, n_logits=0):
+        shifted = DraftTree(tree.tokens, tree.parents, tree.depths + np.minimum(tree.depths, 1), None,
+                            tree.n_lookahead)
+        out = super().verify(shifted, n_logits)
         self.pending = tree
         return out
 

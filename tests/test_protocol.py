@@ -1,0 +1,508 @@
+"""The protocol's newer parts through the real loop on the toy model: drafter feedback (`observe`),
+node roles (a Jacobi-shaped lookahead window beside the candidates), backend limits (nodes, leaves,
+cache cells), the bare call and its session, and what `import draftcore` loads.
+
+The toy model's logits depend on every (position, token) pair a node sees (tests/toy.py), so a
+window that leaks into the candidates' attention, or sits at the wrong positions, changes either
+the output or the tokens the drafter observes, and the tests below catch both.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import weakref
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import draftcore
+from draftcore import ConfigError, DraftTree, FixedBudget, TrieDrafter
+from draftcore.acceptance import greedy_accept
+from naive import naive_greedy_accept
+from test_speculate import SETTINGS, OracleDrafter, check_result, continuation, expected_output, requests
+from toy import ToyModel, ToyVerifier, _mix
+
+
+# -- a drafter whose trees carry a window -------------------------------------------------------------------
+def with_window(tree: DraftTree, levels: int, width: int, rng, vocab: int, first_row=None) -> DraftTree:
+    """`tree` plus a Jacobi-shaped window of `levels` x `width` lookahead nodes: level-0 token j
+    hangs under level-0 token j - 1 (the root for j = 0), level-l token j under level-(l-1) token
+    j - 1 (the root for j = 0), so the depth of (l, j) is j + 1. first_row: level-0 tokens (random
+    when None)."""
+    n0 = len(tree)
+    tokens, parents, depths = list(tree.tokens), list(tree.parents), list(tree.depths)
+    index = {}
+    for level in range(levels):
+        for j in range(width):
+            if level == 0:
+                parent = 0 if j == 0 else index[(0, j - 1)]
+                token = int(first_row[j]) if first_row is not None else int(rng.integers(0, vocab))
+            else:
+                parent = 0 if j == 0 else index[(level - 1, j - 1)]
+                token = int(rng.integers(0, vocab))
+            index[(level, j)] = len(tokens)
+            tokens.append(token), parents.append(parent), depths.append(j + 1)
+    scores = None if tree.scores is None else np.r_[tree.scores, np.zeros(levels * width)].astype(np.float32)
+    return DraftTree.build(tokens, parents, depths, scores=scores, n_lookahead=len(tokens) - n0)
+
+
+class WindowDrafter:
+    """Any drafter's candidates plus a random window; records what `observe` receives."""
+
+    def __init__(self, inner, model, levels=2, width=4, seed=0, window_is_truth=False):
+        self.inner, self.model = inner, model
+        self.levels, self.width = levels, width
+        self.rng = np.random.default_rng(seed)
+        self.window_is_truth = window_is_truth
+        self.proposed = []       # (tree, context) per propose
+        self.observed = []       # (tree, node_tokens, path, context) per observe
+        self._context = None
+
+    def start(self, prompt):
+        self.inner.start(prompt)
+        self._context = [int(t) for t in prompt]
+
+    def update(self, tokens):
+        self.inner.update(tokens)
+        self._context += [int(t) for t in tokens]
+
+    def finish(self):
+        self.inner.finish()
+
+    def propose(self, context, budget):
+        assert context.tolist() == self._context
+        tree = self.inner.propose(context, budget)
+        row = continuation(self.model, context, self.width) if self.window_is_truth else None
+        tree = with_window(tree, self.levels, self.width, self.rng, self.model.vocab_size, row)
+        self.proposed.append((tree, list(self._context)))
+        return tree
+
+    def observe(self, tree, node_tokens, path):
+        self.observed.append((tree, node_tokens.copy(), path.copy(), list(self._context)))
+
+
+class SpyVerifier(ToyVerifier):
+    """Records every verified tree and what verify returned; commits are recorded too."""
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        self.verified, self.committed = [], []
+
+    def verify(self, tree, n_logits=0):
+        tokens, logits = super().verify(tree, n_logits)
+        self.verified.append((tree, tokens.copy(), n_logits))
+        return tokens, logits
+
+    def commit(self, path):
+        self.committed.append(np.array(path))
+        super().commit(path)
+
+
+def model_tokens(model, context, tree) -> np.ndarray:
+    """The model's greedy token after every node's prefix, straight from the definition."""
+    return np.array([int(np.argmax(model.logits(list(context) + tree.path_tokens(i)[1:].tolist())))
+                     for i in range(len(tree))], np.int32)
+
+
+def check_observations(drafter, verifier, model):
+    """observe got, after every verify: the tree the verifier verified (the same object), exactly
+    the tokens it returned, the committed path, and those tokens are the model's true argmax at
+    every node (candidates and window alike)."""
+    assert len(drafter.observed) == len(verifier.verified) == len(verifier.committed) > 0
+    for (tree, tokens, path, context), (v_tree, v_tokens, _), committed in zip(
+            drafter.observed, verifier.verified, verifier.committed):
+        assert tree is v_tree
+        np.testing.assert_array_equal(tokens, v_tokens)
+        np.testing.assert_array_equal(path, committed)
+        np.testing.assert_array_equal(tokens, model_tokens(model, context, tree))
+
+
+# -- observe -------------------------------------------------------------------------------------------
+class AskTwelveKeepThree(FixedBudget):
+    """Asks the drafter for 12 candidates and verifies the best 3, so verified trees are cut proposals."""
+
+    def __init__(self):
+        super().__init__(3)
+
+    def request_size(self):
+        return 12
+
+
+@pytest.mark.parametrize("sampling", [None, dict(temperature=0.8, top_p=0.95, seed=3)])
+def test_observe_receives_the_verified_tree_its_argmax_and_the_path(sampling):
+    for seed in range(3):
+        model = ToyModel(vocab_size=12, seed=seed)
+        verifier = SpyVerifier(model)
+        drafter = WindowDrafter(OracleDrafter(model, seed), model, seed=seed)
+        prompt = [1, 2, 3, 1, 2]
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=40, drafter=drafter,
+                                     budget=AskTwelveKeepThree(), sampling=sampling)
+        check_observations(drafter, verifier, model)
+        # the budget cut the oracle's 6..12-candidate trees to 3: observe saw the cut tree, not the proposal
+        assert all(t.n_draft <= 3 for t, *_ in drafter.observed)
+        assert any(p.n_draft > 3 for p, _ in drafter.proposed)
+        if sampling is None:
+            check_result(result, *expected_output(model, prompt, 40))
+        else:  # sampling asks for the candidates' logits only, never the window's
+            assert all(n_logits == tree.n_candidates for tree, _, n_logits in verifier.verified)
+
+
+class RowsReversedVerifier(ToyVerifier):
+    """Planted: returns the logits rows (and their argmax) in reverse node order."""
+
+    def verify(self, tree, n_logits=0):
+        _, logits = super().verify(tree, len(tree))
+        logits = logits[::-1].copy()
+        return logits.argmax(axis=1).astype(np.int32), logits[:n_logits]
+
+
+def test_observe_check_catches_rows_in_the_wrong_order():
+    model = ToyModel(vocab_size=12, seed=1)
+
+    class Spy(RowsReversedVerifier, SpyVerifier):
+        pass
+
+    verifier = Spy(model)
+    drafter = WindowDrafter(OracleDrafter(model, 1), model, seed=1)
+    try:
+        draftcore.speculate(verifier, [1, 2, 3, 1, 2], max_new_tokens=30, drafter=drafter, budget=FixedBudget(4))
+    except draftcore.BackendError:
+        pass  # the reversed rows may also break acceptance outright; what observe saw is checked below
+    with pytest.raises(AssertionError):
+        check_observations(drafter, verifier, model)
+
+
+def test_a_drafter_without_observe_is_unaffected():
+    model = ToyModel(vocab_size=10, seed=2)
+    drafter = OracleDrafter(model, 2)
+    assert not hasattr(drafter, "observe")
+    result = draftcore.speculate(ToyVerifier(model), [4, 5, 6], max_new_tokens=30, drafter=drafter, budget=8)
+    check_result(result, *expected_output(model, [4, 5, 6], 30))
+
+
+# -- node roles ----------------------------------------------------------------------------------------
+@SETTINGS
+@given(requests(), st.integers(1, 3), st.integers(1, 6), st.sampled_from(["oracle", "trie"]))
+def test_lossless_with_windows(req, levels, width, kind):
+    """Trees that carry windows stay exact, windows are verified whole or not at all, and the
+    statistics count candidates and lookahead nodes apart."""
+    vocab, model_seed, prompt, max_new, budget, eos, stops, slack, seed = req
+    model = ToyModel(vocab_size=vocab, seed=model_seed)
+    verifier = SpyVerifier(model, max_context=len(prompt) + max_new + slack)
+    inner = OracleDrafter(model, seed) if kind == "oracle" else TrieDrafter(capacity=500, token_limit=vocab)
+    drafter = WindowDrafter(inner, model, levels, width, seed)
+    result = draftcore.speculate(verifier, np.array(prompt, np.int32), max_new_tokens=max_new, drafter=drafter,
+                                 budget=budget, eos_token_id=eos, stop_sequences=stops)
+    eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+    check_result(result, *expected_output(model, prompt, max_new, eos_ids, stops), verifier)
+    window = levels * width
+    proposed = {id(t): t for t, _ in drafter.proposed}
+    for tree, _, _ in verifier.verified:
+        assert tree.n_lookahead in (0, window)       # whole, or dropped when it did not fit
+    stats = result.stats
+    assert stats.lookahead_nodes == sum(t.n_lookahead for t, _, _ in verifier.verified)
+    assert stats.drafted_tokens == sum(t.n_draft for t, _, _ in verifier.verified)
+    assert len(proposed) == len(drafter.proposed)
+    if verifier.verified and drafter.observed:
+        check_observations(drafter, verifier, model)
+
+
+def test_the_window_verified_is_the_window_proposed():
+    model = ToyModel(vocab_size=16, seed=4)
+    verifier = SpyVerifier(model)
+    drafter = WindowDrafter(OracleDrafter(model, 4), model, levels=3, width=5, seed=4)
+    draftcore.speculate(verifier, [1, 2, 3, 4], max_new_tokens=40, drafter=drafter, budget=FixedBudget(2))
+    for (proposed, _), (verified, _, _) in zip(drafter.proposed, verifier.verified):
+        m, w = verified.n_candidates, verified.n_lookahead
+        assert w == proposed.n_lookahead == 15
+        np.testing.assert_array_equal(verified.tokens[m:], proposed.tokens[proposed.n_candidates:])
+        np.testing.assert_array_equal(verified.depths[m:], proposed.depths[proposed.n_candidates:])
+        # parents renumbered by the cut: same shape relative to the window's first node
+        rel = lambda t: np.where(t.parents[t.n_candidates:] > 0, t.parents[t.n_candidates:] - t.n_candidates, -1)
+        np.testing.assert_array_equal(rel(verified), rel(proposed))
+
+
+def test_acceptance_never_walks_into_the_window():
+    """The window's level-0 row holds the model's true continuation and the drafter offers no
+    candidate: nothing is accepted (one token per step), and the output is exact."""
+    model = ToyModel(vocab_size=12, seed=5)
+
+    class NoCandidates:
+        def start(self, prompt): pass
+        def update(self, tokens): pass
+        def finish(self): pass
+        def propose(self, context, budget): return DraftTree.root_only(int(context[-1]))
+
+    drafter = WindowDrafter(NoCandidates(), model, levels=1, width=6, seed=5, window_is_truth=True)
+    result = draftcore.speculate(ToyVerifier(model), [1, 2, 3], max_new_tokens=30, drafter=drafter, budget=4)
+    check_result(result, *expected_output(model, [1, 2, 3], 30))
+    assert result.stats.accepted_hist == [result.stats.steps - 1]
+    assert result.stats.lookahead_nodes == 6 * len(drafter.proposed) > 0
+
+
+class WindowInCandidatesSightVerifier(ToyVerifier):
+    """Planted: candidates also see every lookahead node (as if the window came first in a causal batch)."""
+
+    def verify(self, tree, n_logits=0):
+        n = len(tree)
+        mask = tree.ancestor_mask()
+        mask[:tree.n_candidates, tree.n_candidates:] = True
+        positions = tree.position_ids(self.n_past)
+        out = np.empty((n, self.vocab_size), np.float32)
+        for i in range(n):
+            visible = np.flatnonzero(mask[i])
+            order = visible[np.argsort(positions[visible], kind="stable")]
+            h = self.hashes[-1]
+            seq = list(self.cache[-2:])
+            for j in order:
+                h = _mix(h, int(positions[j]), int(tree.tokens[j]))
+                seq.append(int(tree.tokens[j]))
+            out[i] = self.model.logits_from_hash(h, seq[-1], seq[-2] if len(seq) >= 2 else 0)
+        self.pending = tree
+        self.n_verify += 1
+        return out.argmax(axis=1).astype(np.int32), out[:n_logits]
+
+
+class WindowShiftedVerifier(ToyVerifier):
+    """Planted: lookahead nodes one position too far (candidates are right)."""
+
+    def verify(self, tree, n_logits=0):
+        depths = tree.depths.copy()
+        depths[tree.n_candidates:] += 1
+        out = super().verify(DraftTree(tree.tokens, tree.parents, depths, None, tree.n_lookahead), n_logits)
+        self.pending = tree
+        return out
+
+
+def test_a_window_that_leaks_into_candidates_is_caught_by_equality():
+    caught = 0
+    for seed in range(6):
+        model = ToyModel(vocab_size=12, seed=seed)
+        drafter = WindowDrafter(OracleDrafter(model, seed), model, levels=2, width=4, seed=seed)
+        result = draftcore.speculate(WindowInCandidatesSightVerifier(model), [1, 2, 3, 1, 2], max_new_tokens=40,
+                                     drafter=drafter, budget=8)
+        caught += result.tokens.tolist() != expected_output(model, [1, 2, 3, 1, 2], 40)[0]
+    assert caught >= 4, caught
+
+
+def test_a_window_at_wrong_positions_is_caught_by_what_observe_sees():
+    model = ToyModel(vocab_size=12, seed=6)
+
+    class Spy(WindowShiftedVerifier, SpyVerifier):
+        pass
+
+    verifier = Spy(model)
+    drafter = WindowDrafter(OracleDrafter(model, 6), model, levels=2, width=4, seed=6)
+    result = draftcore.speculate(verifier, [1, 2, 3, 1, 2], max_new_tokens=30, drafter=drafter, budget=8)
+    check_result(result, *expected_output(model, [1, 2, 3, 1, 2], 30))   # candidates are unaffected...
+    with pytest.raises(AssertionError):
+        check_observations(drafter, verifier, model)                      # ...the window's tokens are not
+
+
+def test_greedy_accept_walks_only_the_first_n_walk_nodes():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 30))
+        parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], np.int32)
+        tokens = rng.integers(0, 3, n).astype(np.int32)
+        model = rng.integers(0, 3, n).astype(np.int32)
+        n_walk = int(rng.integers(1, n + 1))
+        path, nxt = greedy_accept(tokens, parents, model, n_walk)
+        want = naive_greedy_accept(tokens[:n_walk].tolist(), parents[:n_walk].tolist(), model[:n_walk].tolist())
+        assert (path.tolist(), int(nxt)) == (list(want[0]), want[1])
+
+
+def test_with_candidates_keeps_the_window_and_renumbers_it():
+    rng = np.random.default_rng(1)
+    tree = with_window(DraftTree.build([5, 1, 2, 3, 4], [-1, 0, 1, 0, 3]), 2, 3, rng, 10)
+    cut = tree.with_candidates(1)
+    cut.check()
+    assert len(cut) == 2 + 6 and cut.n_lookahead == 6 and cut.n_draft == 1
+    assert [cut.path_tokens(i).tolist() for i in range(2, 8)] == [tree.path_tokens(i).tolist() for i in range(5, 11)]
+    assert tree.with_candidates(99) is tree and tree.without_lookahead().n_lookahead == 0
+    i32 = lambda v: np.array(v, np.int32)  # noqa: E731
+    with pytest.raises(draftcore.InputError, match="lookahead node 3 hangs below candidate 1"):
+        DraftTree(i32([5, 1, 2, 7]), i32([-1, 0, 1, 1]), i32([0, 1, 2, 2]), None, 1).check()
+    with pytest.raises(draftcore.InputError, match="n_lookahead"):
+        DraftTree(tree.tokens, tree.parents, tree.depths, None, len(tree)).check()
+
+
+# -- backend limits -------------------------------------------------------------------------------------
+class LimitedVerifier(SpyVerifier):
+    def __init__(self, model, max_tree_nodes=None, max_tree_leaves=None, **kw):
+        super().__init__(model, **kw)
+        self.max_tree_nodes, self.max_tree_leaves = max_tree_nodes, max_tree_leaves
+
+    def verify(self, tree, n_logits=0):
+        assert self.max_tree_nodes is None or len(tree) <= self.max_tree_nodes
+        assert self.max_tree_leaves is None or len(tree.leaves()) <= self.max_tree_leaves
+        return super().verify(tree, n_logits)
+
+
+@pytest.mark.parametrize("nodes, leaves, window", [(6, None, (1, 3)), (None, 2, (2, 3)), (5, 1, (0, 0)),
+                                                   (40, 3, (3, 4)), (4, 8, (2, 2))])
+def test_trees_respect_node_and_leaf_limits(nodes, leaves, window):
+    levels, width = window
+    for seed in range(4):
+        model = ToyModel(vocab_size=12, seed=seed)
+        verifier = LimitedVerifier(model, nodes, leaves)
+        drafter = OracleDrafter(model, seed)
+        if levels:
+            drafter = WindowDrafter(drafter, model, levels, width, seed)
+        result = draftcore.speculate(verifier, [1, 2, 3, 1, 2], max_new_tokens=40, drafter=drafter, budget=16)
+        check_result(result, *expected_output(model, [1, 2, 3, 1, 2], 40))
+        assert any(t.n_draft > 0 for t, _, _ in verifier.verified)
+        if levels and nodes and 1 + levels * width > nodes:
+            assert all(t.n_lookahead == 0 for t, _, _ in verifier.verified)   # dropped whole
+
+
+def test_bad_limits_are_config_errors():
+    verifier = ToyVerifier(ToyModel(vocab_size=10))
+    for attr, value in (("max_tree_nodes", 0), ("max_tree_leaves", 0), ("max_tree_leaves", 2.5)):
+        setattr(verifier, attr, value)
+        with pytest.raises(ConfigError, match=attr):
+            draftcore.speculate(verifier, [1, 2], max_new_tokens=4)
+        setattr(verifier, attr, None)
+
+
+# -- the bare call ------------------------------------------------------------------------------------------
+class ClockedToyVerifier(ToyVerifier):
+    """A toy verifier on a synthetic clock: a verify of n nodes costs 1 + 0.12 (n - 1) units (a CPU:
+    bigger trees cost more), a prefill 2 units; `clock()` reads the time spent so far."""
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def prefill(self, prompt, n_logits=0):
+        self.now += 2.0
+        return super().prefill(prompt, n_logits)
+
+    def verify(self, tree, n_logits=0):
+        self.now += 1.0 + 0.12 * (len(tree) - 1)
+        return super().verify(tree, n_logits)
+
+
+def workload(kind: str, n_requests: int = 12):
+    """(model, prompts): "repetitive" text a trie predicts, or "surprising" text it cannot."""
+    rng = np.random.default_rng(7)
+    if kind == "repetitive":
+        model = ToyModel(vocab_size=16, seed=3, surprise_every=7)
+        prompts = [np.tile(rng.integers(0, 16, 5), 3).astype(np.int32) for _ in range(n_requests)]
+    else:
+        model = ToyModel(vocab_size=200, seed=3, surprise_every=1)    # every position depends on the whole prefix
+        prompts = [rng.integers(0, 200, 12).astype(np.int32) for _ in range(n_requests)]
+    return model, prompts
+
+
+def time_of(kind: str, **options) -> float:
+    """Synthetic time to serve the workload's requests in order with one verifier (options as speculate's;
+    drafter/budget may be factories called once, or per request when per_request=True)."""
+    model, prompts = workload(kind)
+    verifier = ClockedToyVerifier(model)
+    per_request = options.pop("per_request", False)
+    make = {k: options.pop(k) for k in ("drafter", "budget") if callable(options.get(k)) and k in options}
+    kept = {k: f() for k, f in make.items()}
+    for prompt in prompts:
+        call = {k: (f() if per_request else kept[k]) for k, f in make.items()}
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=60, clock=verifier.clock, **call, **options)
+        assert result.tokens.tolist() == model.greedy(prompt, 60).tolist()
+    return verifier.now
+
+
+@pytest.mark.parametrize("kind", ["repetitive", "surprising"])
+def test_the_bare_call_costs_no_more_than_the_better_of_plain_and_the_kept_auto_budget(kind):
+    bare = time_of(kind)
+    plain = time_of(kind, budget=0)
+    kept = time_of(kind, drafter=lambda: TrieDrafter(), budget=lambda: draftcore.CostAwareBudget())
+    assert bare <= 1.1 * min(plain, kept), (bare, plain, kept)
+    if kind == "repetitive":
+        assert bare < 0.9 * plain, (bare, plain)  # and drafting does pay where the text repeats
+
+
+def test_the_old_bare_call_fails_the_same_bound():
+    """A fresh trie per call and a fixed 16 (the bare call before sessions) drafts into text it cannot
+    predict and pays for it: the bound above would catch it."""
+    old = time_of("surprising", drafter=lambda: TrieDrafter(), budget=lambda: 16, per_request=True)
+    plain = time_of("surprising", budget=0)
+    assert old > 1.1 * plain, (old, plain)
+
+
+# -- sessions -------------------------------------------------------------------------------------------------
+def test_session_of_a_verifier_is_kept_visible_and_resettable():
+    model = ToyModel(vocab_size=16, seed=3)
+    verifier = ToyVerifier(model)
+    prompt = np.array([1, 2, 3, 4, 1, 2, 3, 4], np.int32)
+    first = draftcore.speculate(verifier, prompt, max_new_tokens=50, budget=8)
+    session = draftcore.Session.of(verifier)
+    assert draftcore.Session.of(verifier) is session
+    second = draftcore.speculate(verifier, prompt, max_new_tokens=50, budget=8)
+    assert second.stats.steps < first.stats.steps          # the session's trie remembered the output
+    drafter_before = session.drafter
+    session.reset()
+    assert session.drafter is not drafter_before
+    assert draftcore.speculate(verifier, prompt, max_new_tokens=50, budget=8).stats.steps == first.stats.steps
+    mine = TrieDrafter(token_limit=16)
+    draftcore.speculate(verifier, prompt, max_new_tokens=20, drafter=mine)
+    assert session.drafter is not mine and mine.n_nodes > 0  # an explicit drafter overrides, for that call only
+    assert "Session(ToyVerifier" in repr(session)
+
+
+def test_session_is_dropped_with_its_verifier():
+    verifier = ToyVerifier(ToyModel(vocab_size=10))
+    draftcore.speculate(verifier, [1, 2], max_new_tokens=4)
+    ref = weakref.ref(draftcore.Session.of(verifier))
+    del verifier
+    import gc
+    gc.collect()
+    assert ref() is None
+
+
+def test_own_session_object_and_unreferenceable_verifiers():
+    model = ToyModel(vocab_size=10, seed=1)
+    session = draftcore.Session(ToyVerifier(model), budget=6)
+    result = session.speculate([1, 2, 3], max_new_tokens=20)
+    check_result(result, *expected_output(model, [1, 2, 3], 20))
+    assert list(session.stream([1, 2, 3], max_new_tokens=5))
+
+    class Slotted(ToyVerifier):
+        __slots__ = ()
+
+    class NoWeakref:
+        """A verifier object that cannot be weakly referenced (a __slots__ class without __weakref__)."""
+        __slots__ = ("inner",)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    verifier = NoWeakref(ToyVerifier(model))
+    with pytest.warns(RuntimeWarning, match="weakly referenced"):
+        result = draftcore.speculate(verifier, [1, 2, 3], max_new_tokens=20)
+    check_result(result, *expected_output(model, [1, 2, 3], 20))
+
+
+# -- imports ----------------------------------------------------------------------------------------------------
+def _modules_after(code: str) -> list:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_import_draftcore_does_not_load_numba_or_a_framework():
+    modules = _modules_after("import draftcore")
+    assert "numba" not in modules and "llvmlite" not in modules
+    assert not {"torch", "transformers", "llama_cpp", "onnxruntime"} & set(modules)
+    assert not [m for m in modules if m.startswith("draftcore.adapters") or m.startswith("draftcore.tools")]
+
+
+def test_kernels_load_on_first_use():
+    modules = _modules_after("import draftcore\ndraftcore.TrieDrafter()")
+    assert "numba" in modules and "draftcore.drafters.trie_kernels" in modules
