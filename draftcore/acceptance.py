@@ -7,7 +7,8 @@ Greedy: walk from the root; at node u the model's token is argmax(out[u]); move 
 holding that token, else stop. The emitted tokens are the path's drafted tokens plus argmax at the
 last node, so every step emits at least one token (the model's own).
 
-Sampling (exact for deterministic drafts; seed 002 Alg. 4, seed 004 §3.2): at node u, with p the
+Sampling (exact for deterministic drafts; Fu et al., "Break the Sequential Dependency of LLM Inference
+Using Lookahead Decoding", 2024, Alg. 4): at node u, with p the
 processed distribution of u's own prefix, try u's children c in tree order: accept c with
 probability p(c) / (mass left); on rejection remove p(c) from the mass. If no child is accepted the
 next token is drawn from what is left of p (a reached leaf draws from its whole p). Why it is exact:

@@ -23,15 +23,18 @@ import importlib
 import threading
 
 _lock = threading.Lock()
-_warm: set[str] = set()  # kernel modules whose warm_up() has run in this process
+_loaded: dict = {}  # module name -> kernel module, warmed up in this process
 
 
 def kernels(module_name: str):
-    """The kernel module `module_name`, imported and warmed up (once per process, thread-safe)."""
-    module = importlib.import_module(module_name)
-    if module_name not in _warm:
+    """The kernel module `module_name`, imported and warmed up (once per process, thread-safe;
+    afterwards one dict lookup, so hot paths may call it every time)."""
+    module = _loaded.get(module_name)
+    if module is None:
         with _lock:
-            if module_name not in _warm:
+            module = _loaded.get(module_name)
+            if module is None:
+                module = importlib.import_module(module_name)
                 module.warm_up()
-                _warm.add(module_name)
+                _loaded[module_name] = module
     return module

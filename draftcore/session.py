@@ -21,7 +21,7 @@ import warnings
 import weakref
 
 from .budget import CostAwareBudget, as_budget_policy
-from .checks import VerifierLimits
+from .validate import positive_int
 
 
 class Session:
@@ -98,4 +98,4 @@ class Session:
 def default_drafter(verifier):
     """The drafter a session starts with: a TrieDrafter whose root index covers the vocabulary."""
     from .drafters.trie import TrieDrafter
-    return TrieDrafter(token_limit=VerifierLimits.of(verifier).vocab_size)
+    return TrieDrafter(token_limit=positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None)))

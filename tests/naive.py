@@ -333,10 +333,10 @@ def naive_child_order(trie: NaiveTrie) -> dict:
 
 
 def _pool_walk(state):
-    """Yield (path, node, child list) over a node pool (drafter._state: links, freq, free, root,
-    meta, ...), root first (node -1, path ())."""
+    """Yield (path, node, child list) over a node pool (drafter._state, a trie_kernels.TrieState),
+    root first (node -1, path ())."""
     from draftcore.drafters.trie_kernels import CHILD, ROOT_FIRST, SIBLING, TOKEN
-    links, meta = state[0], state[4]
+    links, meta = state.links, state.meta
     capacity = links.shape[0]
 
     def children(first):
@@ -359,14 +359,14 @@ def _pool_walk(state):
 def pool_contents(state) -> dict:
     """{token path: (PROMPT, OUTPUT, RECENT)} read from a pool's arrays (drafter._state)."""
     from draftcore.drafters.trie_kernels import OUTPUT, PROMPT, RECENT
-    freq = state[1]
+    freq = state.freq
     return {path: (float(freq[node, PROMPT]), float(freq[node, OUTPUT]), float(freq[node, RECENT]))
             for path, node, _ in _pool_walk(state) if node >= 0}
 
 
 def pool_child_order(state) -> dict:
     from draftcore.drafters.trie_kernels import TOKEN
-    links = state[0]
+    links = state.links
     return {path: tuple(int(links[c, TOKEN]) for c in kids) for path, _, kids in _pool_walk(state) if kids}
 
 

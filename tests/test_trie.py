@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 import draftcore
 from draftcore import ConfigError, DraftTree, InputError, TrieDrafter
+from draftcore.drafters.trie import LAYOUTS
+from draftcore.drafters.trie_kernels import N_PRUNES
 from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_trie_contents, pool_child_order,
                    pool_contents)
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
-N_PRUNES = 2  # meta[N_PRUNES]: prune passes so far
 
 
 # -- random scripts ---------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie):
     assert drafter.n_nodes == naive.node_count() <= drafter.capacity
     assert pool_contents(state) == naive_trie_contents(naive)
     assert pool_child_order(state) == naive_child_order(naive)
-    assert int(state[4][N_PRUNES]) == naive.n_prunes
+    assert int(state.meta[N_PRUNES]) == naive.n_prunes  # prune passes so far
 
 
 def assert_same_tree(tree: DraftTree, expected, budget):
@@ -105,8 +106,8 @@ def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op
     naive = NaiveTrie(**params)
     if heap_capacity is not None:  # a tiny candidate list, so that dropping candidates is exercised
         # (the list lives in the middle of its workspace and holds at most half of it)
-        drafter._cand_scores = np.empty(2 * heap_capacity, np.float32)
-        drafter._cand_items = np.empty((2 * heap_capacity, 3), np.int32)
+        drafter._buffers = drafter._buffers._replace(cand_scores=np.empty(2 * heap_capacity, np.float32),
+                                                     cand_items=np.empty((2 * heap_capacity, 3), np.int32))
         naive.heap_capacity = heap_capacity
     n_proposed = 0
     for op in ops:
@@ -638,6 +639,47 @@ def test_huge_config_in_file_raises_input_error_without_allocating(tmp_path):
     np.savez(tmp_path / "huge.npz", **a)
     with pytest.raises(InputError, match="huge.npz"):
         TrieDrafter.load(tmp_path / "huge.npz")
+
+
+# -- kernels, repr --------------------------------------------------------------------------------------
+def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
+    """Every kernel call the drafter makes has the argument types trie_kernels.warm_up() compiled
+    (else the first real call compiles, inside a timed decode step)."""
+    from draftcore.drafters import trie_kernels as K
+    TrieDrafter(capacity=100, branch_length=4, token_limit=10)  # runs warm_up once per process
+    kernels = [K.step, K.retrieve, K.extend, K.end_request, K.make_room, K.refresh_top, K.find_corruption]
+    before = {k.__name__: set(k.signatures) for k in kernels}
+    for layout in LAYOUTS:
+        d = TrieDrafter(capacity=100, branch_length=4, token_limit=10, layout=layout, fill=layout != "single")
+        d.warm_up([[1, 2, 3, 1, 2, 4]])
+        d.start([1, 2, 3])
+        d.update([1, 2])
+        d.propose([3, 1, 2], 3)
+        d.propose(np.array([1, 2], np.int32), 100)  # a budget beyond the first buffers
+        d.check_integrity()
+        d.finish()
+        d.save(tmp_path / "t.npz")
+        TrieDrafter.load(tmp_path / "t.npz").propose([1, 2], 4)
+    assert {k.__name__: set(k.signatures) for k in kernels} == before
+
+
+def test_repr_shows_the_pool_without_counting_pending_tokens():
+    d = TrieDrafter(capacity=100, branch_length=4, token_limit=10)
+    d.start(np.array([1, 2, 3], np.int32))  # branches 1, 1-2, 1-2-3, 2, 2-3, 3
+    d.update(np.array([4, 5], np.int32))
+    before = pool_contents(d._state)
+    assert repr(d) == ("TrieDrafter(capacity=100, nodes_in_use=6 (+2 tokens not counted yet), branch_length=4, "
+                       "layout='hierarchical')")
+    assert pool_contents(d._state) == before
+    assert d.n_nodes == 6 + 8  # n_nodes counts them: 4, 3-4, 2-3-4, 1-2-3-4, 5, 4-5, 3-4-5, 2-3-4-5
+    assert repr(d).startswith("TrieDrafter(capacity=100, nodes_in_use=14, branch_length=4")
+
+
+def test_retrieval_settings_are_fixed_at_construction():
+    d = TrieDrafter(capacity=100, branch_length=4, token_limit=10, max_match=3)
+    with pytest.raises(AttributeError):
+        d.max_match = 5
+    assert d.max_match == 3
 
 
 # -- constructor and call checks -----------------------------------------------------------------------

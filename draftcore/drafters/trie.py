@@ -1,10 +1,12 @@
-"""The trie drafter (seed 000, "Lookahead", §4.2–4.3): a thin class over the kernels in trie_kernels.
+"""The trie drafter of "Lookahead: An Inference Acceleration Framework for Large Language Model with
+Lossless Generation Accuracy" (Zhao et al., KDD 2024), §4.2–4.3: a thin class over the kernels in
+trie_kernels.
 
 One trie lives across requests: output branches persist (and decay when the pool is full), each
 request's prompt branches are removed when it finishes. Save it with `save`, restore with `load`.
 
     parameter          default   meaning
-    capacity           262144    nodes in the pool (28 bytes each); must exceed 2 * branch_length
+    capacity           262144    nodes in the pool (36 bytes each); must exceed 2 * branch_length
     branch_length      24        tokens per inserted branch (L_b; the paper uses 12)
     max_match          8         longest context suffix matched at retrieval
     prompt_weight      16.0      factor on the current prompt's counts (branch weighting)
@@ -12,12 +14,13 @@ request's prompt branches are removed when it finishes. Save it with `save`, res
     min_stage_nodes    8         paper mode: a stage offering fewer nodes falls to a shorter suffix
     fill               True      shorter suffixes keep filling the budget (merged, deduplicated)
     use_top            True      a last stage drafts the most frequent tokens when nothing else fits
-    layout             "hierarchical" | "parallel" | "single" (seed 000 Fig. 2–3)
+    layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
     token_limit        262144    token ids must be below this (size of the root index)
     insert_prompt, insert_output, eliminate_prompt: the paper's ablations (Table 3), all True
 
-Defaults were tuned by replaying real SmolLM2 traces (benchmarks/replay_table.py); the paper's
-exact configuration is `TrieDrafter.paper()`.
+The configuration is fixed at construction (the kernels get it as one Settings value), so the
+retrieval settings are read-only attributes. Defaults were tuned by replaying real SmolLM2 traces
+(benchmarks/replay_table.py); the paper's exact configuration is `TrieDrafter.paper()`.
 """
 from __future__ import annotations
 
@@ -31,13 +34,24 @@ from ..jit import kernels
 LAYOUTS = ("hierarchical", "parallel", "single")
 _SAVE_FORMAT = 1
 _KERNELS = "draftcore.drafters.trie_kernels"
-_STATE_NAMES = ("links", "freq", "free", "root", "meta")
+_SAVED_ARRAYS = ("links", "freq", "free", "root", "meta")  # the TrieState fields a file holds
+_DEFAULT_BUDGET = 64  # draft buffers are sized for this many nodes until a larger budget comes
+
+
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self._settings, name), doc=f"{name} (fixed at construction)")
 
 
 class TrieDrafter:
     """Drafts hierarchical multi-branch trees from a trie of the n-grams seen so far."""
 
     returns_valid_trees = True  # its trees are built valid by construction: speculate skips the check
+    max_match = _setting("max_match")
+    prompt_weight = _setting("prompt_weight")
+    recent_weight = _setting("recent_weight")
+    min_stage_nodes = _setting("min_stage_nodes")
+    fill = _setting("fill")
+    use_top = _setting("use_top")
 
     def __init__(self, *, capacity: int = 1 << 18, branch_length: int = 24, max_match: int = 8,
                  prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
@@ -49,35 +63,41 @@ class TrieDrafter:
         if self.capacity <= 2 * self.branch_length:
             raise ConfigError(f"capacity: expected more than 2 * branch_length = {2 * self.branch_length} "
                               f"nodes (one token may create branch_length nodes), got {capacity}")
-        self.max_match = positive_int("max_match", max_match)
-        self.prompt_weight = positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True)
-        self.recent_weight = positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True)
-        self.min_stage_nodes = positive_int("min_stage_nodes", min_stage_nodes)
+        # Plain int / float / bool fields: the types warm_up compiled the kernels for.
+        self._settings = K.Settings(
+            max_match=positive_int("max_match", max_match),
+            prompt_weight=positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True),
+            recent_weight=positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True),
+            min_stage_nodes=positive_int("min_stage_nodes", min_stage_nodes),
+            fill=bool(fill), use_top=bool(use_top),
+            mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL)
         if layout not in LAYOUTS:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
-        self._mode = K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL
-        self.fill = bool(fill)
-        self.use_top = bool(use_top)
         self.token_limit = positive_int("token_limit", token_limit)
         self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
         self.eliminate_prompt = bool(eliminate_prompt)
         self._state = K.new_state(self.capacity, self.branch_length, self.token_limit)
+        self._buffers = K.new_buffers(_DEFAULT_BUDGET)
         self._stream = np.zeros(0, np.int32)
         self._n_stream = self._n_prompt = self._n_counted = 0
-        self._out = np.empty((5, 65), np.int32)
-        self._scores = np.empty(65, np.float32)
         self._active = False
-        self._cand_scores = np.empty(K.CANDIDATES, np.float32)
-        self._cand_items = np.empty((K.CANDIDATES, 3), np.int32)
 
     @classmethod
     def paper(cls, **options) -> "TrieDrafter":
-        """The configuration of seed 000: branch length 12, one retrieval stage, prompt branches
+        """The paper's configuration: branch length 12, one retrieval stage, prompt branches
         weighted, output branches not boosted, no stage 0."""
         config = dict(branch_length=12, fill=False, use_top=False, recent_weight=0.0, prompt_weight=16.0)
         config.update(options)
         return cls(**config)
+
+    def __repr__(self) -> str:
+        # The pool as it stands: counting the pending tokens here would make repr change the trie.
+        in_use = self.capacity - int(self._state.meta[self._K.N_FREE])
+        pending = self._n_stream - self._n_counted
+        return (f"TrieDrafter(capacity={self.capacity}, nodes_in_use={in_use}"
+                + (f" (+{pending} tokens not counted yet)" if pending else "")
+                + f", branch_length={self.branch_length}, layout={self.layout!r})")
 
     # -- Drafter protocol -------------------------------------------------------------------------
     def start(self, prompt) -> None:
@@ -89,7 +109,7 @@ class TrieDrafter:
         self._stream[:prompt.shape[0]] = prompt
         self._n_stream = self._n_prompt = prompt.shape[0]
         self._n_counted = 0 if self.insert_prompt else self._n_prompt
-        self._front()[:] = -1
+        self._state.front[:] = -1  # no branch of this request is counted yet
         self._active = True
         self._count_pending()
 
@@ -116,34 +136,23 @@ class TrieDrafter:
         The tree's arrays view this drafter's buffers: they stay valid until the next propose.
         """
         context = token_array("context", context, vocab_size=self.token_limit)
-        if type(budget) is not int or budget + 1 > self._out.shape[1]:
+        if type(budget) is not int or budget >= self._buffers.tokens.shape[0]:
             budget = positive_int("budget", budget, minimum=0)
-            if budget + 1 > self._out.shape[1]:
-                self._out = np.empty((5, budget + 1), np.int32)
-                self._scores = np.empty(budget + 1, np.float32)
-                n_candidates = max(self._K.CANDIDATES, 4 * (budget + 2))
-                self._cand_scores = np.empty(n_candidates, np.float32)
-                self._cand_items = np.empty((n_candidates, 3), np.int32)
-        links, freq, free, root, meta, front, top, top_w = self._state
-        n = self._K.step(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
-                   self._n_stream, self._n_prompt, self._count_from(), self._cand_scores, self._cand_items,
-                   self._out, self._scores, context, self.max_match, budget, self.prompt_weight,
-                   self.recent_weight, self.min_stage_nodes, self.fill, self.use_top, self._mode)
+            if budget >= self._buffers.tokens.shape[0]:
+                self._buffers = self._K.new_buffers(budget)
+        n = self._K.step(self._state, self._settings, self._request_stream(), self._buffers, context, budget)
         self._n_counted = self._n_stream
-        out, scores = self._out, self._scores
+        b = self._buffers
         if self.layout == "parallel":
-            return DraftTree(*_unmerge(out[0, :n], out[1, :n], out[2, :n], scores[:n], budget))
-        return DraftTree(out[0, :n], out[1, :n], out[2, :n], scores[:n])
+            return DraftTree(*_unmerge(b.tokens[:n], b.parents[:n], b.depths[:n], b.scores[:n], budget))
+        return DraftTree(b.tokens[:n], b.parents[:n], b.depths[:n], b.scores[:n])
 
     def finish(self) -> None:
         """Branch eliminating: drop this request's prompt counts; output counts persist."""
         if not self._active:
             return
         self._count_pending()
-        links, freq, free, root, meta, _, top, top_w = self._state
-        self._K.end_request(links, freq, free, root, meta, top, top_w, self._stream, self._n_stream,
-                      self._n_prompt if self.insert_prompt else 0, self.branch_length,
-                      not self.eliminate_prompt, self.prompt_weight, self.recent_weight)
+        self._K.end_request(self._state, self._settings, self._request_stream(), not self.eliminate_prompt)
         self._active = False
         self._n_stream = self._n_prompt = self._n_counted = 0
 
@@ -152,26 +161,24 @@ class TrieDrafter:
         """Insert a corpus of token sequences (e.g. past outputs) as persistent OUTPUT branches."""
         if self._active:
             raise InputError("sequences: warm_up() called during a request; call finish() first")
+        K = self._K
         for i, seq in enumerate(sequences):
             seq = token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
-            front = np.full(self.branch_length, -1, np.int32)
-            links, freq, free, root, meta, _, top, top_w = self._state
-            self._K.extend(links, freq, free, root, meta, front, top, top_w, seq, 0, seq.shape[0], 0, 0,
-                     self.prompt_weight, self.recent_weight)
-            self._K.end_request(links, freq, free, root, meta, top, top_w, seq, seq.shape[0], 0,
-                          self.branch_length, False, self.prompt_weight, self.recent_weight)
+            stream = K.Stream(tokens=seq, begin=0, end=seq.shape[0], n_prompt=0, count_from=0)
+            self._state.front[:] = -1  # each sequence is a request of its own, all output
+            K.extend(self._state, self._settings, stream)
+            K.end_request(self._state, self._settings, stream, False)
 
     @property
     def n_nodes(self) -> int:
-        """Live nodes in the pool (never more than capacity)."""
+        """Live nodes in the pool (never more than capacity), after counting the pending tokens."""
         self._count_pending()
-        return self.capacity - int(self._state[4][self._K.N_FREE])
+        return self.capacity - int(self._state.meta[self._K.N_FREE])
 
     def check_integrity(self) -> None:
         """Raise InputError if the pool's links, free list or counts are inconsistent (for tests)."""
         self._count_pending()
-        links, freq, free, root, meta = self._state[:5]
-        code, node = self._K.find_corruption(links, freq, free, root, meta)
+        code, node = self._K.find_corruption(self._state)
         if code:
             raise InputError(f"trie: corrupt node pool (check {code}) at node {node}; see find_corruption")
 
@@ -180,21 +187,21 @@ class TrieDrafter:
         The file is written at `path` exactly (no .npz suffix is added)."""
         if self._active:
             raise InputError(f"path: cannot save {path!r} during a request; call finish() first")
+        K, state = self._K, self._state
         config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
-        links, freq, free, root, meta = self._state[:5]
-        counts = freq[:, self._K.PROMPT:self._K.RECENT + 1]
         with open(path, "wb") as f:
-            np.savez(f, config=config, links=links[:, :4], freq=counts, free=free, root=root, meta=meta)
+            np.savez(f, config=config, links=state.links[:, :K.SIBLING + 1], freq=state.freq[:, K.PROMPT:K.RECENT + 1],
+                     free=state.free, root=state.root, meta=state.meta)
 
     @classmethod
     def load(cls, path, **options) -> "TrieDrafter":
         """Read a trie written by `save`, validating every array before using any; `options` as
         for the constructor (capacity, branch_length and token_limit come from the file)."""
         K = kernels(_KERNELS)
-        expected = f"a TrieDrafter file (.npz of config, {', '.join(_STATE_NAMES)})"
+        expected = f"a TrieDrafter file (.npz of config, {', '.join(_SAVED_ARRAYS)})"
         try:
             with np.load(path, allow_pickle=False) as data:
-                arrays = {name: np.asarray(data[name]) for name in ("config",) + _STATE_NAMES}
+                arrays = {name: np.asarray(data[name]) for name in ("config",) + _SAVED_ARRAYS}
         except Exception as exc:  # zip, pickle, key, type errors alike: the file is not ours
             raise InputError(f"path: {str(path)!r} is not {expected}: {type(exc).__name__}: {exc}") from exc
         config = arrays["config"]
@@ -202,47 +209,45 @@ class TrieDrafter:
             raise InputError(f"path: {str(path)!r} has config {config!r}; expected int64[4] = "
                              f"[{_SAVE_FORMAT}, capacity, branch_length, token_limit]")
         capacity, branch_length, token_limit = (int(v) for v in config[1:])
-        shapes = {"links": ((capacity, 4), np.int32), "freq": ((capacity, 3), np.float32),
+        shapes = {"links": ((capacity, K.SIBLING + 1), np.int32), "freq": ((capacity, 3), np.float32),
                   "free": ((capacity,), np.int32), "root": ((token_limit,), np.int32), "meta": ((8,), np.int64)}
         for name, (shape, dtype) in shapes.items():
             got = arrays[name]
             if got.shape != shape or got.dtype != dtype:
                 raise InputError(f"path: {str(path)!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
                                  f"expected shape {shape} dtype {np.dtype(dtype)}")
-        links = np.full((capacity, K.ROW), -1, np.int32)   # the saved columns, packed into node rows
-        links[:, :4] = arrays["links"]
-        freq = links.view(np.float32)
-        freq[:, K.PROMPT:K.RECENT + 1] = arrays["freq"]
-        free, root, meta = (np.ascontiguousarray(arrays[n]) for n in ("free", "root", "meta"))
-        code, node = K.find_corruption(links, freq, free, root, meta)
-        if code:
-            raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
-        if freq[:, K.RECENT].any():
-            raise InputError(f"path: {str(path)!r} was saved during a request (RECENT counts are not zero)")
+        # The shapes match the config, so the drafter allocates no more than the file holds.
         try:
             drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
         except ConfigError as exc:
             raise InputError(f"path: {str(path)!r} holds an unusable configuration: {exc}") from exc
-        _, _, _, _, _, front, top, top_w = drafter._state
-        drafter._state = (links, freq, free, root, meta, front, top, top_w)
-        K.refresh_top(links, freq, meta, top, top_w, drafter.prompt_weight, drafter.recent_weight)
+        links = np.full((capacity, K.ROW), -1, np.int32)   # the saved columns, packed into node rows
+        links[:, :K.SIBLING + 1] = arrays["links"]
+        freq = links.view(np.float32)
+        freq[:, K.PROMPT:K.RECENT + 1] = arrays["freq"]
+        free, root, meta = (np.ascontiguousarray(arrays[n]) for n in ("free", "root", "meta"))
+        state = drafter._state._replace(links=links, freq=freq, free=free, root=root, meta=meta)
+        code, node = K.find_corruption(state)
+        if code:
+            raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
+        if freq[:, K.RECENT].any():
+            raise InputError(f"path: {str(path)!r} was saved during a request (RECENT counts are not zero)")
+        drafter._state = state
+        K.refresh_top(state, drafter._settings)
         return drafter
 
     # -- internals --------------------------------------------------------------------------------
-    def _front(self) -> np.ndarray:
-        return self._state[5]
+    def _request_stream(self):
+        """The request's tokens as the kernels take them: Stream(tokens, begin, end, n_prompt,
+        count_from), built positionally (half the cost of keywords, and it is built every step)."""
+        return self._K.Stream(self._stream, self._n_counted, self._n_stream, self._n_prompt,
+                              0 if self.insert_prompt else self._n_prompt)
 
     def _count_pending(self) -> None:
         """Count the branches of tokens appended since the last count."""
         if self._n_counted < self._n_stream:
-            links, freq, free, root, meta, front, top, top_w = self._state
-            self._K.extend(links, freq, free, root, meta, front, top, top_w, self._stream, self._n_counted,
-                     self._n_stream, self._n_prompt, self._count_from(), self.prompt_weight, self.recent_weight)
+            self._K.extend(self._state, self._settings, self._request_stream())
             self._n_counted = self._n_stream
-
-    def _count_from(self) -> int:
-        """Branches starting before this position are not counted (the prompt, when left out)."""
-        return 0 if self.insert_prompt else self._n_prompt
 
 
 def _unmerge(tokens, parents, depths, scores, budget):

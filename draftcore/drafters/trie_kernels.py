@@ -1,22 +1,34 @@
-"""Numba kernels of the trie drafter (seed 000, §4.3): a node pool of flat arrays plus a free list.
+"""Numba kernels of the trie drafter of "Lookahead: An Inference Acceleration Framework for Large
+Language Model with Lossless Generation Accuracy" (Zhao et al., KDD 2024), §4.3: a node pool of
+flat arrays plus a free list.
 
-State (built by `new_state`, a tuple so numba sees plain arrays; no jitclass, no dicts of dicts):
+The kernels take grouped, named values (module-level namedtuples, which numba compiles as plain
+structs and caches like arrays; no jitclass, no dicts of dicts):
 
-    links   int32[capacity, 8]   TOKEN, PARENT, CHILD (first child), SIBLING (next sibling), then
-                                 the counts; PARENT == ROOT (-1) for a child of the (virtual)
-                                 root, PARENT == FREE (-2) for a node on the free list
-    freq    float32[capacity, 8] the same memory seen as float32: PROMPT, OUTPUT, RECENT branch
-                                 counts (below) in columns 4-6. One 32-byte row per node, so a
-                                 node's links and counts share a cache line (retrieval reads both
-                                 for every candidate, and misses dominate its time).
-    free    int32[capacity]      stack of free node ids; meta[N_FREE] of them are valid
-    root    int32[token_limit]   token -> child of the root holding it, or -1 (O(1) first step)
-    meta    int64[8]             N_FREE, ROOT_FIRST (head of the root's child list), N_PRUNES
-    front   int32[branch_length] front[k] = node of the n-gram stream[p-k .. p] after token p
-    top     int32[TOP_K, 2]      (node, token) of the root's heaviest children, best first (-1: none)
-    top_w   float32[TOP_K + 1]   their weights; top_w[TOP_K] is the total weight of the root's children
-                                 (exact at all times: kept up to date as counts grow, recomputed
-                                 after anything that lowers counts)
+    TrieState     the trie, built by `new_state`; its arrays are changed in place:
+        links   int32[capacity, 8]   TOKEN, PARENT, CHILD (first child), SIBLING (next sibling), then
+                                     the counts; PARENT == ROOT (-1) for a child of the (virtual)
+                                     root, PARENT == FREE (-2) for a node on the free list
+        freq    float32[capacity, 8] the same memory seen as float32: PROMPT, OUTPUT, RECENT branch
+                                     counts (below) in columns 4-6. One 32-byte row per node, so a
+                                     node's links and counts share a cache line (retrieval reads both
+                                     for every candidate, and misses dominate its time).
+        free    int32[capacity]      stack of free node ids; meta[N_FREE] of them are valid
+        root    int32[token_limit]   token -> child of the root holding it, or -1 (O(1) first step)
+        meta    int64[8]             N_FREE, ROOT_FIRST (head of the root's child list), N_PRUNES
+        front   int32[branch_length] front[k] = node of the n-gram stream[p-k .. p] after token p
+        top     int32[TOP_K, 2]      (node, token) of the root's heaviest children, best first (-1: none)
+        top_w   float32[TOP_K + 1]   their weights; top_w[TOP_K] is the total weight of the root's
+                                     children (exact at all times: kept up to date as counts grow,
+                                     recomputed after anything that lowers counts)
+    Settings      the drafter's fixed configuration: max_match, prompt_weight, recent_weight,
+                  min_stage_nodes, fill, use_top, mode (MODE_HIERARCHICAL or MODE_SINGLE)
+    Stream        a request's tokens: tokens[:end] is the stream so far (prompt first, n_prompt
+                  tokens), tokens[begin:end] the tokens not counted yet; branches starting before
+                  count_from are never counted (0, or n_prompt to leave the prompt out)
+    DraftBuffers  where retrieval writes, built by `new_buffers(budget)`: the draft's tokens,
+                  parents, depths and scores, its child lists (first_child, next_sibling), and the
+                  candidate list (cand_scores, cand_items rows (trie node, draft parent, token))
 
 Counting. Every start position s of a request's stream (prompt + output) opens a branch of at most
 `branch_length` tokens: a PROMPT branch when s lies in the prompt, an OUTPUT branch otherwise. A
@@ -26,7 +38,7 @@ node of stream[s..p] gains one count for each s in (p - branch_length, p]; the n
 stream[s..p-1] is front[p-1-s], so a token costs branch_length child look-ups, not branch_length².
 RECENT repeats the OUTPUT counts of the request in progress (RECENT <= OUTPUT), so the request's
 own text — prompt and output — can be weighted above the history of earlier requests:
-    weight w = prompt_weight, recent_weight * (PROMPT + RECENT) + OUTPUT
+    weight w = prompt_weight * PROMPT + recent_weight * RECENT + OUTPUT
 At the end of a request its PROMPT counts are removed (branch eliminating) and RECENT is zeroed;
 OUTPUT counts persist across requests.
 
@@ -45,6 +57,8 @@ until the budget is spent, later stages only adding continuations the earlier on
 where their token paths coincide). Candidates are ordered by (score desc, draft parent asc, token
 asc), so results are deterministic and match tests/naive.py exactly.
 """
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
 
@@ -58,8 +72,14 @@ TOP_K = 64             # stage-0 candidates kept
 CANDIDATES = 1 << 12   # candidate workspace (at least 4 * (budget + 2)): the list, kept in its
                        # middle, never holds more than 2 * budget + 1 entries
 
+TrieState = namedtuple("TrieState", "links freq free root meta front top top_w")
+Settings = namedtuple("Settings", "max_match prompt_weight recent_weight min_stage_nodes fill use_top mode")
+Stream = namedtuple("Stream", "tokens begin end n_prompt count_from")
+DraftBuffers = namedtuple("DraftBuffers",
+                          "tokens parents depths scores first_child next_sibling cand_scores cand_items")
 
-def new_state(capacity: int, branch_length: int, token_limit: int):
+
+def new_state(capacity: int, branch_length: int, token_limit: int) -> TrieState:
     links = np.full((capacity, ROW), -1, np.int32)
     links[:, PARENT] = FREE
     freq = links.view(np.float32)
@@ -69,10 +89,18 @@ def new_state(capacity: int, branch_length: int, token_limit: int):
     meta = np.zeros(8, np.int64)
     meta[N_FREE] = capacity
     meta[ROOT_FIRST] = -1
-    front = np.full(branch_length, -1, np.int32)
-    top = np.full((TOP_K, 2), -1, np.int32)
-    top_w = np.zeros(TOP_K + 1, np.float32)
-    return links, freq, free, root, meta, front, top, top_w
+    return TrieState(links=links, freq=freq, free=free, root=root, meta=meta,
+                     front=np.full(branch_length, -1, np.int32), top=np.full((TOP_K, 2), -1, np.int32),
+                     top_w=np.zeros(TOP_K + 1, np.float32))
+
+
+def new_buffers(budget: int) -> DraftBuffers:
+    """Buffers for drafts of at most `budget` nodes besides the root."""
+    n, n_candidates = budget + 1, max(CANDIDATES, 4 * (budget + 2))
+    return DraftBuffers(tokens=np.empty(n, np.int32), parents=np.empty(n, np.int32), depths=np.empty(n, np.int32),
+                        scores=np.empty(n, np.float32), first_child=np.empty(n, np.int32),
+                        next_sibling=np.empty(n, np.int32), cand_scores=np.empty(n_candidates, np.float32),
+                        cand_items=np.empty((n_candidates, 3), np.int32))
 
 
 # -- the pool ------------------------------------------------------------------------------------
@@ -90,12 +118,13 @@ def _child(links, root, parent, token):
 
 
 @nb.njit(cache=True)
-def _add_child(links, freq, free, root, meta, parent, token):
+def _add_child(state, parent, token):
     """Allocate a node for `token` under `parent` (ROOT allowed); -1 when the pool is exhausted."""
+    links, freq, meta = state.links, state.freq, state.meta
     if meta[N_FREE] == 0:
         return -1
     meta[N_FREE] -= 1
-    node = free[meta[N_FREE]]
+    node = state.free[meta[N_FREE]]
     links[node, TOKEN] = token
     links[node, PARENT] = parent
     links[node, CHILD] = -1
@@ -103,7 +132,7 @@ def _add_child(links, freq, free, root, meta, parent, token):
     if parent == ROOT:
         links[node, SIBLING] = meta[ROOT_FIRST]
         meta[ROOT_FIRST] = node
-        root[token] = node
+        state.root[token] = node
     else:
         links[node, SIBLING] = links[parent, CHILD]
         links[parent, CHILD] = node
@@ -111,8 +140,9 @@ def _add_child(links, freq, free, root, meta, parent, token):
 
 
 @nb.njit(cache=True)
-def _free_subtree(links, freq, free, root, meta, top_node):
+def _free_subtree(state, top_node):
     """Return `top_node` and everything below it to the free list (it must be unlinked already)."""
+    links, freq, meta = state.links, state.freq, state.meta
     stack = [top_node]
     while len(stack) > 0:
         node = stack.pop()
@@ -121,19 +151,20 @@ def _free_subtree(links, freq, free, root, meta, top_node):
             stack.append(c)
             c = links[c, SIBLING]
         if links[node, PARENT] == ROOT:
-            root[links[node, TOKEN]] = -1
+            state.root[links[node, TOKEN]] = -1
         links[node, PARENT] = FREE
         links[node, CHILD] = -1
         links[node, SIBLING] = -1
         freq[node, PROMPT] = freq[node, OUTPUT] = freq[node, RECENT] = 0.0
-        free[meta[N_FREE]] = node
+        state.free[meta[N_FREE]] = node
         meta[N_FREE] += 1
 
 
 @nb.njit(cache=True)
-def _sweep_children(links, freq, free, root, meta, first):
+def _sweep_children(state, first):
     """Free every node of the child list starting at `first` whose PROMPT + OUTPUT is below 1
     (with its subtree), relink the survivors and return the new head of the list."""
+    links, freq = state.links, state.freq
     head = -1
     prev = -1
     c = first
@@ -141,7 +172,7 @@ def _sweep_children(links, freq, free, root, meta, first):
         nxt = links[c, SIBLING]
         if freq[c, PROMPT] + freq[c, OUTPUT] < 1.0:
             links[c, SIBLING] = -1
-            _free_subtree(links, freq, free, root, meta, c)
+            _free_subtree(state, c)
         else:
             if prev < 0:
                 head = c
@@ -155,10 +186,11 @@ def _sweep_children(links, freq, free, root, meta, first):
 
 
 @nb.njit(cache=True)
-def prune_pass(links, freq, free, root, meta):
+def _prune(state):
     """Free every node whose PROMPT + OUTPUT is below 1, with its subtree; return how many."""
+    links, meta = state.links, state.meta
     before = meta[N_FREE]
-    meta[ROOT_FIRST] = _sweep_children(links, freq, free, root, meta, meta[ROOT_FIRST])
+    meta[ROOT_FIRST] = _sweep_children(state, meta[ROOT_FIRST])
     stack = []
     c = meta[ROOT_FIRST]
     while c >= 0:
@@ -166,7 +198,7 @@ def prune_pass(links, freq, free, root, meta):
         c = links[c, SIBLING]
     while len(stack) > 0:
         node = stack.pop()
-        links[node, CHILD] = _sweep_children(links, freq, free, root, meta, links[node, CHILD])
+        links[node, CHILD] = _sweep_children(state, links[node, CHILD])
         c = links[node, CHILD]
         while c >= 0:
             stack.append(c)
@@ -176,8 +208,9 @@ def prune_pass(links, freq, free, root, meta):
 
 
 @nb.njit(cache=True)
-def make_room(links, freq, free, root, meta, target):
+def make_room(state, target):
     """Halve OUTPUT and RECENT and prune until `target` nodes are free or nothing more can be freed."""
+    links, freq, meta = state.links, state.freq, state.meta
     capacity = links.shape[0]
     for _ in range(64):
         if meta[N_FREE] >= target:
@@ -188,7 +221,7 @@ def make_room(links, freq, free, root, meta, target):
                 freq[i, OUTPUT] *= 0.5
                 freq[i, RECENT] *= 0.5
                 largest_output = max(largest_output, freq[i, OUTPUT])
-        freed = prune_pass(links, freq, free, root, meta)
+        freed = _prune(state)
         if freed == 0 and largest_output < 1.0:
             return  # only prompt branches of the live request are left
 
@@ -196,88 +229,93 @@ def make_room(links, freq, free, root, meta, target):
 # -- counting ------------------------------------------------------------------------------------
 
 @nb.njit(cache=True)
-def _refresh_front(links, root, front, stream, n_stream, count_from):
-    """Recompute front[k] = node of stream[n_stream-1-k .. n_stream-1] (after a prune); branches
-    starting before `count_from` are not counted, so they get no front node."""
+def _refresh_front(state, stream, n_stream):
+    """Recompute front[k] = node of tokens[n_stream-1-k .. n_stream-1] (after a prune); branches
+    starting before stream.count_from are not counted, so they get no front node."""
+    links, root, front, tokens = state.links, state.root, state.front, stream.tokens
     for k in range(front.shape[0]):
         front[k] = -1
         s = n_stream - 1 - k
-        if s < count_from:
+        if s < stream.count_from:
             continue
         node = ROOT
         for q in range(s, n_stream):
-            node = _child(links, root, node, stream[q])
+            node = _child(links, root, node, tokens[q])
             if node < 0:
                 break
         front[k] = node
 
 
 @nb.njit(cache=True)
-def extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from,
-           prompt_weight, recent_weight):
-    """Count the branches that tokens stream[begin:end] extend (module docstring, "Counting");
-    branches starting before `count_from` are not counted (0, or n_prompt to leave the prompt out).
+def extend(state, settings, stream):
+    """Count the branches that stream.tokens[begin:end] extend (module docstring, "Counting").
 
-    `front` must describe stream[:begin] (all -1 when begin == count_from).
+    state.front must describe tokens[:begin] (all -1 when begin == count_from).
     """
+    links, freq, meta, front, top, top_w = state.links, state.freq, state.meta, state.front, state.top, state.top_w
+    tokens, n_prompt, count_from = stream.tokens, stream.n_prompt, stream.count_from
     capacity = links.shape[0]
     branch_length = front.shape[0]
     pruned = False
-    for p in range(begin, end):
+    for p in range(stream.begin, stream.end):
         if meta[N_FREE] < branch_length:
-            make_room(links, freq, free, root, meta, max(branch_length, capacity // 8))
-            _refresh_front(links, root, front, stream, p, count_from)
+            make_room(state, max(branch_length, capacity // 8))
+            _refresh_front(state, stream, p)
             pruned = True
-        token = stream[p]
+        token = tokens[p]
         # From the longest branch down, so front[k-1] is read before it is overwritten.
         for k in range(min(branch_length - 1, p - count_from), -1, -1):
             parent = ROOT if k == 0 else front[k - 1]
             node = -1
             if k == 0 or parent >= 0:
-                node = _child(links, root, parent, token)
+                node = _child(links, state.root, parent, token)
                 if node < 0:
-                    node = _add_child(links, freq, free, root, meta, parent, token)
+                    node = _add_child(state, parent, token)
             if node >= 0:
                 if p - k < n_prompt:
                     freq[node, PROMPT] += 1.0
-                    added = prompt_weight
+                    added = settings.prompt_weight
                 else:
                     freq[node, OUTPUT] += 1.0
                     freq[node, RECENT] += 1.0
-                    added = 1.0 + recent_weight
+                    added = 1.0 + settings.recent_weight
                 if k == 0:
                     top_w[TOP_K] += added
-                    _raise_in_top(top, top_w, node, token, _weight(freq, node, prompt_weight, recent_weight))
+                    _raise_in_top(top, top_w, node, token, _weight(freq, node, settings))
             front[k] = node
     if pruned:
-        refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight)
+        refresh_top(state, settings)
 
 
 @nb.njit(cache=True)
-def end_request(links, freq, free, root, meta, top, top_w, stream, n_stream, n_prompt, branch_length,
-                keep_prompt, prompt_weight, recent_weight):
-    """Branch eliminating: walk every branch of the request, remove its PROMPT counts (with
-    `keep_prompt` they become OUTPUT counts instead) and zero RECENT; then free what fell below 1."""
+def end_request(state, settings, stream, keep_prompt):
+    """Branch eliminating: walk every branch of stream.tokens[:end], remove the PROMPT counts of the
+    counted prompt branches (with `keep_prompt` they become OUTPUT counts instead) and zero RECENT;
+    then free what fell below 1."""
+    links, freq, root, tokens = state.links, state.freq, state.root, stream.tokens
+    branch_length, n_stream = state.front.shape[0], stream.end
     for s in range(n_stream):
+        counted_prompt = stream.count_from <= s < stream.n_prompt
         node = ROOT
         for q in range(s, min(s + branch_length, n_stream)):
-            node = _child(links, root, node, stream[q])
+            node = _child(links, root, node, tokens[q])
             if node < 0:
                 break
-            if s < n_prompt:
+            if counted_prompt:
                 freq[node, PROMPT] = max(freq[node, PROMPT] - 1.0, 0.0)
                 if keep_prompt:
                     freq[node, OUTPUT] += 1.0
             freq[node, RECENT] = 0.0
-    prune_pass(links, freq, free, root, meta)
-    refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight)
+    _prune(state)
+    refresh_top(state, settings)
 
 
 # -- retrieval -----------------------------------------------------------------------------------
 
 @nb.njit(cache=True, inline="always")
-def _weight(freq, node, prompt_weight, recent_weight):
-    return prompt_weight * freq[node, PROMPT] + recent_weight * freq[node, RECENT] + freq[node, OUTPUT]
+def _weight(freq, node, settings):
+    return (settings.prompt_weight * freq[node, PROMPT] + settings.recent_weight * freq[node, RECENT]
+            + freq[node, OUTPUT])
 
 
 @nb.njit(cache=True, inline="always")
@@ -333,15 +371,16 @@ def _offer(cs, ci, lo, hi, room, score, node, draft_parent, token):
 
 
 @nb.njit(cache=True)
-def refresh_top(links, freq, meta, top, top_w, prompt_weight, recent_weight):
-    """Recompute `top` from scratch: the root's TOP_K heaviest children and the root's total."""
+def refresh_top(state, settings):
+    """Recompute state.top from scratch: the root's TOP_K heaviest children and the root's total."""
+    links, freq, top, top_w = state.links, state.freq, state.top, state.top_w
     cs = np.empty(2 * TOP_K + 2, np.float32)
     ci = np.empty((2 * TOP_K + 2, 3), np.int32)
     lo = hi = TOP_K + 1
     total = 0.0
-    c = meta[ROOT_FIRST]
+    c = state.meta[ROOT_FIRST]
     while c >= 0:
-        w = _weight(freq, c, prompt_weight, recent_weight)
+        w = _weight(freq, c, settings)
         total += w
         lo, hi = _offer(cs, ci, lo, hi, TOP_K, w, c, 0, links[c, TOKEN])
         c = links[c, SIBLING]
@@ -373,9 +412,11 @@ def _raise_in_top(top, top_w, node, token, weight):
 
 
 @nb.njit(cache=True)
-def _match(links, root, front, context, n_context, m):
+def _match(state, context, m):
     """Node of the last m context tokens, or -1. front[m-1] usually is that node already (the
     context is the stream `extend` has seen); checking it costs m parent hops, no sibling scans."""
+    links, front = state.links, state.front
+    n_context = context.shape[0]
     if m <= front.shape[0]:
         node = front[m - 1]
         q = n_context - 1
@@ -386,23 +427,26 @@ def _match(links, root, front, context, n_context, m):
             return front[m - 1]
     node = ROOT
     for q in range(n_context - m, n_context):
-        node = _child(links, root, node, context[q])
+        node = _child(links, state.root, node, context[q])
         if node < 0:
             return -1
     return node
 
 
 @nb.njit(cache=True)
-def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, lo, hi, expand):
-    """Take candidates best-first from the list cs/ci[lo:hi] into the draft (out rows: tokens,
-    parents, depths, first child, next sibling; n_out nodes so far), offering each taken node's
-    children in turn; a candidate whose (draft parent, token) exists already merges into that
-    node. A child's score is its parent's times w(child) / w(parent). Returns the new n_out.
+def _select(state, settings, buffers, n_out, budget, lo, hi, expand):
+    """Take candidates best-first from the list buffers.cand_*[lo:hi] into the draft (n_out nodes
+    so far), offering each taken node's children in turn; a candidate whose (draft parent, token)
+    exists already merges into that node. A child's score is its parent's times w(child) / w(parent).
+    Returns the new n_out.
 
     The candidate list needs no more than budget + 1 - n_out entries for new nodes plus one per
     node of earlier stages (each can absorb one merge from this stage, which costs no budget)."""
+    links, freq = state.links, state.freq
+    tokens, parents, depths, scores = buffers.tokens, buffers.parents, buffers.depths, buffers.scores
+    first, sibling = buffers.first_child, buffers.next_sibling
+    cs, ci = buffers.cand_scores, buffers.cand_items
     n_start = n_out
-    tokens, parents, depths, first, sibling = out[0], out[1], out[2], out[3], out[4]
     middle = cs.shape[0] // 2
     while hi > lo and n_out <= budget:
         score, node, dparent, token = cs[lo], ci[lo, 0], ci[lo, 1], ci[lo, 2]  # the best candidate
@@ -421,24 +465,25 @@ def _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out,
             sibling[d] = first[dparent]
             first[dparent] = d
             n_out += 1
-        if mode == MODE_SINGLE:
+        if settings.mode == MODE_SINGLE:
             lo = hi = middle  # one branch: only children of the node just taken compete next
-        w_node = _weight(freq, node, prompt_weight, recent_weight)
+        w_node = _weight(freq, node, settings)
         if w_node <= 0.0 or not expand:
             continue
         c = links[node, CHILD]
         while c >= 0:
             lo, hi = _offer(cs, ci, lo, hi, budget + n_start - n_out,
-                          np.float32(score * (_weight(freq, c, prompt_weight, recent_weight) / w_node)),
-                          c, d, links[c, TOKEN])
+                            np.float32(score * (_weight(freq, c, settings) / w_node)), c, d, links[c, TOKEN])
             c = links[c, SIBLING]
     return n_out
 
 
 @nb.njit(cache=True)
-def _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci):
-    """Offer one stage's first candidates (children of `matched`, or `top` for stage 0 when
+def _stage(state, settings, buffers, matched, n_out, budget):
+    """Offer one stage's first candidates (children of `matched`, or state.top for stage 0 when
     matched == ROOT) and select from them; returns the new n_out."""
+    links, freq, top, top_w = state.links, state.freq, state.top, state.top_w
+    cs, ci = buffers.cand_scores, buffers.cand_items
     lo = hi = cs.shape[0] // 2
     room = budget  # = budget + 1 - n_out new nodes + up to n_out - 1 merges (see _select)
     if matched == ROOT:
@@ -448,79 +493,73 @@ def _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode,
             if node >= 0 and total > 0.0:
                 lo, hi = _offer(cs, ci, lo, hi, room, np.float32(top_w[i] / total), node, 0, token)
     else:
-        w_matched = _weight(freq, matched, prompt_weight, recent_weight)
+        w_matched = _weight(freq, matched, settings)
         if w_matched <= 0.0:
             return n_out
         c = links[matched, CHILD]
         while c >= 0:
-            lo, hi = _offer(cs, ci, lo, hi, room, np.float32(_weight(freq, c, prompt_weight, recent_weight) / w_matched),
-                          c, 0, links[c, TOKEN])
+            lo, hi = _offer(cs, ci, lo, hi, room, np.float32(_weight(freq, c, settings) / w_matched),
+                            c, 0, links[c, TOKEN])
             c = links[c, SIBLING]
-    return _select(links, freq, prompt_weight, recent_weight, mode, out, scores, n_out, budget, cs, ci, lo, hi,
-                   matched != ROOT)
+    return _select(state, settings, buffers, n_out, budget, lo, hi, matched != ROOT)
 
 
 @nb.njit(cache=True)
-def retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, context, max_match, budget,
-             prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
-    """Draft tree continuing `context` (module docstring, "Retrieval"), written to out[0] tokens,
-    out[1] parents, out[2] depths and scores; returns its node count n (root included, at most
-    budget + 1), nodes in best-first order. out: int32[5, >= budget + 1] (rows 3, 4: the draft's
-    child lists); cs, ci: candidate workspace (float32[cap], int32[cap, 3])."""
-    n_context = context.shape[0]
-    out[0, 0], out[1, 0], out[2, 0], out[3, 0], out[4, 0] = context[n_context - 1], -1, 0, -1, -1
-    scores[0] = 1.0
+def retrieve(state, settings, buffers, context, budget):
+    """Draft tree continuing `context` (module docstring, "Retrieval"), written to buffers.tokens,
+    parents, depths and scores; returns its node count n (root included, at most budget + 1),
+    nodes in best-first order. The buffers must hold budget + 1 nodes (new_buffers(budget))."""
+    buffers.tokens[0], buffers.parents[0], buffers.depths[0] = context[context.shape[0] - 1], -1, 0
+    buffers.first_child[0] = buffers.next_sibling[0] = -1
+    buffers.scores[0] = 1.0
     n_out = 1
     fallback = -2  # paper mode: the longest suffix that offered anything (-2: none)
-    last = 0 if use_top else 1
-    for m in range(min(max_match, n_context), last - 1, -1):
+    last = 0 if settings.use_top else 1
+    for m in range(min(settings.max_match, context.shape[0]), last - 1, -1):
         if n_out > budget:
             break
-        matched = ROOT if m == 0 else _match(links, root, front, context, n_context, m)
+        matched = ROOT if m == 0 else _match(state, context, m)
         if matched < 0 and m > 0:
             continue
-        if fill:
-            n_out = _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, n_out,
-                           budget, cs, ci)
+        if settings.fill:
+            n_out = _stage(state, settings, buffers, matched, n_out, budget)
         else:
-            out[3, 0] = -1
-            n_got = _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, 1,
-                           budget, cs, ci)
-            if n_got - 1 >= min_stage_nodes:
+            buffers.first_child[0] = -1
+            n_got = _stage(state, settings, buffers, matched, 1, budget)
+            if n_got - 1 >= settings.min_stage_nodes:
                 return n_got
             if n_got > 1 and fallback == -2:
                 fallback = m
-        if mode == MODE_SINGLE and n_out > 1:
+        if settings.mode == MODE_SINGLE and n_out > 1:
             break  # a single branch comes from one stage
     if fallback != -2:  # redo the stage that won (cheaper than keeping a copy of every stage)
-        matched = ROOT if fallback == 0 else _match(links, root, front, context, n_context, fallback)
-        out[3, 0] = -1
-        n_out = _stage(links, freq, top, top_w, matched, prompt_weight, recent_weight, mode, out, scores, 1, budget, cs, ci)
+        matched = ROOT if fallback == 0 else _match(state, context, fallback)
+        buffers.first_child[0] = -1
+        n_out = _stage(state, settings, buffers, matched, 1, budget)
     return n_out
 
 
 @nb.njit(cache=True)
-def step(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from, cs, ci, out,
-         scores, context, max_match, budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode):
+def step(state, settings, stream, buffers, context, budget):
     """One decode step in one call (a numba dispatch costs about a microsecond): count the tokens
     accepted since the last step, then draft the continuation of `context` (usually the stream
-    itself, whose suffix nodes `front` already holds; any other context is matched from the root)."""
-    extend(links, freq, free, root, meta, front, top, top_w, stream, begin, end, n_prompt, count_from,
-           prompt_weight, recent_weight)
-    return retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, context, max_match,
-                    budget, prompt_weight, recent_weight, min_stage_nodes, fill, use_top, mode)
+    itself, whose suffix nodes state.front already holds; any other context is matched from the root)."""
+    extend(state, settings, stream)
+    return retrieve(state, settings, buffers, context, budget)
 
 
 # -- checks --------------------------------------------------------------------------------------
 
 @nb.njit(cache=True)
-def find_corruption(links, freq, free, root, meta):
-    """Return (code, node) for the first broken invariant, or (0, -1) when the pool is consistent.
+def find_corruption(state):
+    """Return (code, node) for the first broken invariant of the pool (links, freq, free, root,
+    meta), or (0, -1) when it is consistent.
 
     1 bad free list, 2 bad token / parent, 3 root index disagrees, 4 child list broken (a node
     reached twice, from the wrong parent, or a live node unreachable), 5 a count negative or not
     finite, or RECENT above OUTPUT, 6 two siblings hold the same token.
     """
+    links, freq, free, root, meta = state.links, state.freq, state.free, state.root, state.meta
     capacity, token_limit = links.shape[0], root.shape[0]
     n_free = meta[N_FREE]
     if n_free < 0 or n_free > capacity or meta[ROOT_FIRST] < -1 or meta[ROOT_FIRST] >= capacity:
@@ -576,17 +615,19 @@ def find_corruption(links, freq, free, root, meta):
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel once, on a throwaway pool (draftcore.jit)."""
-    links, freq, free, root, meta, front, top, top_w = new_state(64, 4, 16)
-    stream = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
-    cs, ci = np.empty(16, np.float32), np.empty((16, 3), np.int32)
-    out, scores = np.empty((5, 9), np.int32), np.empty(9, np.float32)
-    extend(links, freq, free, root, meta, front, top, top_w, stream, 0, 5, 4, 0, 2.0, 2.0)
+    """Compile (or load from numba's cache) every kernel once, on a throwaway pool (draftcore.jit).
+    The argument types must be those TrieDrafter passes, or its first call compiles again."""
+    state = new_state(64, 4, 16)
+    tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
+    buffers = new_buffers(8)
     for fill in (True, False):
-        retrieve(links, freq, root, front, top, top_w, cs, ci, out, scores, stream[:5], 3, 8, 2.0, 2.0, 2,
-                 fill, True, MODE_HIERARCHICAL)
-        step(links, freq, free, root, meta, front, top, top_w, stream, 5, 9, 4, 0, cs, ci, out, scores,
-             stream, 3, 8, 2.0, 2.0, 2, fill, True, MODE_SINGLE)
-    make_room(links, freq, free, root, meta, 60)
-    end_request(links, freq, free, root, meta, top, top_w, stream, stream.shape[0], 4, 4, False, 2.0, 2.0)
-    find_corruption(links, freq, free, root, meta)
+        settings = Settings(max_match=3, prompt_weight=2.0, recent_weight=2.0, min_stage_nodes=2, fill=fill,
+                            use_top=True, mode=MODE_HIERARCHICAL if fill else MODE_SINGLE)
+        state.front[:] = -1
+        extend(state, settings, Stream(tokens=tokens, begin=0, end=5, n_prompt=4, count_from=0))
+        retrieve(state, settings, buffers, tokens[:5], 8)
+        step(state, settings, Stream(tokens=tokens, begin=5, end=9, n_prompt=4, count_from=0), buffers, tokens, 8)
+        make_room(state, 60)
+        refresh_top(state, settings)
+        end_request(state, settings, Stream(tokens=tokens, begin=9, end=9, n_prompt=4, count_from=0), False)
+    find_corruption(state)
