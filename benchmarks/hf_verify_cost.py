@@ -4,7 +4,8 @@
 
 Each sample: verify a random tree of n nodes after a prefill of n_past tokens, then commit the root
 only, so n_past grows by one per sample (as in decoding). The cost curve is what a budget policy
-should follow (DESIGN.md "Backends").
+weighs against acceptance: a bigger tree pays off only while its extra accepted tokens outweigh its
+extra verify time (draftcore.CostAwareBudget learns this curve online from measured step times).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def main():
         times, plain = [], []
         for rep in range(args.reps + 2):  # two warm-up forwards
             tree = DraftTree.build(rng.integers(0, verifier.vocab_size, n), parents)
-            times.append(_timed(lambda: verifier.verify(tree, "argmax"), args.device))
+            times.append(_timed(lambda: verifier.verify(tree), args.device))
             verifier.commit(np.zeros(1, np.int32))
             # the same n tokens as a plain causal chain on a copy-free cache view: the cost without
             # draftcore (no tree mask, no explicit positions), interleaved so load affects both alike

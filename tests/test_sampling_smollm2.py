@@ -57,17 +57,20 @@ class Recorder:
     def __getattr__(self, name):
         return getattr(self._v, name)
 
-    def prefill(self, prompt, want="argmax"):
-        out = self._v.prefill(prompt, want)
-        self.rows = [np.array(out, np.float32)]
-        return out
+    def prefill(self, prompt, n_logits=0):
+        tokens, logits = self._v.prefill(prompt, n_logits)
+        assert logits.shape[0] == 1, "sampling asks for the prompt's last logits row"
+        self.rows = [logits[0]]
+        return tokens, logits
 
-    def verify(self, tree, want="argmax"):
-        self._last = self._v.verify(tree, want)
-        return self._last
+    def verify(self, tree, n_logits=0):
+        tokens, self._last = self._v.verify(tree, n_logits)
+        return tokens, self._last
 
     def commit(self, path):
-        self.rows.extend(self._last[np.asarray(path)])  # row of path[j] predicted the next emitted token
+        path = np.asarray(path)
+        assert path.max() < self._last.shape[0], "sampling asks for the logits of every candidate"
+        self.rows.extend(self._last[path])  # row of path[j] predicted the next emitted token
         self._v.commit(path)
 
 

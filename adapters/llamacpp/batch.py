@@ -1,6 +1,7 @@
-"""One llama_batch, allocated once, filled through numpy views of its C arrays.
+"""One llama_batch, allocated once, filled through numpy views of its C arrays, and the
+sequence ids that let one batch hold a whole draft tree.
 
-A tree batch (DESIGN.md "Draft tree"; the picture in draftcore/tree.py):
+A tree batch (the tree pictured in draftcore/tree.py):
 
     i  token  pos          n_seq_id  seq_id     logits
     0  t      n_past + 0   3         1 2 3      1        root: above every leaf
@@ -18,6 +19,17 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
+
+from draftcore.tree import DraftTree
+
+
+def leaf_membership(tree: DraftTree) -> np.ndarray:
+    """bool[n, n_leaves]: [i, k] is True iff leaf k is node i or lies below it.
+
+    llama.cpp gives leaf k the sequence id k + 1 (0 is the committed context); node i is tagged
+    with the ids of its row. Leaves are numbered in tree order (`tree.leaves()`).
+    """
+    return tree.ancestor_mask()[tree.leaves()].T.copy()
 
 
 class Batch:

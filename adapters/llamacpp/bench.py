@@ -22,9 +22,14 @@ one-token decoding; with it off, any multi-token forward can flip a greedy token
 Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
     prompt_lookup    a Llama with draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
-    trie             draftcore.speculate with a TrieDrafter carried across the dataset's prompts and
-                     a CostAwareBudget (tree size from measured verify cost and draft confidence)
+    bare             draftcore.speculate(verifier, prompt): the bare call, with the verifier's own
+                     session (a TrieDrafter and the auto budget, kept across every prompt)
+    trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's
+                     prompts and a CostAwareBudget (tree size from measured verify cost and draft
+                     confidence), both fresh for each dataset
     trie-fixedN      the same trie with a fixed budget of N drafted nodes per step (e.g. trie-fixed4)
+Every draftcore method verifies at most MAX_TREE_NODES nodes per step: the verifier is built with
+that max_tree_nodes, which `speculate` drafts within.
 Steps are llama_decode calls, counted exactly: a Llama subclass counts what its eval() decodes,
 draftcore's verifier counts its own.
 """
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns
 from draftcore.errors import ConfigError, InputError
@@ -46,10 +51,10 @@ from draftcore.errors import ConfigError, InputError
 from .context import import_llama_cpp
 from .verifier import LlamaCppVerifier
 
-METHODS = ("plain", "prompt_lookup", "trie", "trie-fixed4")
+METHODS = ("plain", "prompt_lookup", "bare", "trie")
 # A CPU flash-attention forward of <= 63 tokens is bit-identical to one-token decoding; 64+ is not
-# (README.md). A tree is the root plus at most this many drafted nodes.
-MAX_DRAFT_NODES = 62
+# (README.md): the verifier takes trees of at most this many nodes (the root included).
+MAX_TREE_NODES = 63
 
 
 @dataclass
@@ -171,27 +176,32 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
         table["prompt_lookup"] = lambda: Method("llama-cpp-python prompt lookup",
                                                 lambda p, n: _generate(lookup, p, n, eos))
     verifier = None
-    if any(name.startswith("trie") for name in names):
-        verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True)
+    if any(name == "bare" or name.startswith("trie") for name in names):
+        verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True, max_tree_nodes=MAX_TREE_NODES)
+    max_draft = MAX_TREE_NODES - 1
+
+    def count_decodes():
+        # steps counted as llama_decode calls: a prompt longer than n_batch takes several
+        return verifier.n_decodes
 
     def draftcore_method(label, budget_factory):
-        # steps counted as llama_decode calls: a prompt longer than n_batch takes several
-        return bench_method(label, verifier, budget_factory, eos_token_id=eos,
-                            count_forwards=lambda: verifier.n_decodes)
+        return bench_method(label, verifier, budget_factory, eos_token_id=eos, count_forwards=count_decodes)
 
+    table["bare"] = lambda: bare_call_method("draftcore bare call", verifier, eos_token_id=eos,
+                                             count_forwards=count_decodes)
     table["trie"] = lambda: draftcore_method(
-        "draftcore trie (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=MAX_DRAFT_NODES))
+        "draftcore trie (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=max_draft))
     methods = []
     for name in names:
         fixed = re.fullmatch(r"trie-fixed(\d+)", name)
-        if fixed and 0 <= int(fixed.group(1)) <= MAX_DRAFT_NODES:
+        if fixed and 0 <= int(fixed.group(1)) <= max_draft:
             size = int(fixed.group(1))
             methods.append(draftcore_method(f"draftcore trie (budget {size})", lambda size=size: size))
         elif name in table:
             methods.append(table[name]())
         else:
             raise ConfigError(f"methods: unknown {name!r}; expected some of {sorted(table)} or "
-                              f"trie-fixedN with 0 <= N <= {MAX_DRAFT_NODES}")
+                              f"trie-fixedN with 0 <= N <= {max_draft}")
     return methods
 
 

@@ -9,7 +9,10 @@ starts at a "branch head": a node that is not its parent's first child.
                └── 5 ── 6               best_chain(4) = [4],  best_chain(5) = [5, 6]
 
 Visiting the heads depth-first, each branch's chain is decoded after rolling the cache back to the
-head's parent, which is always on the previous branch: every node is decoded exactly once.
+head's parent, which is always on the previous branch: every node is decoded exactly once. A verify
+that reads only some branches (those greedy acceptance walks into, those holding lookahead nodes or
+the first n_logits nodes) decodes each as a root path: the part of root_path(head) + chain that
+the cache (itself a root path) does not already hold.
 Pure numpy; node indices are int, arrays int32.
 """
 from __future__ import annotations
@@ -50,10 +53,20 @@ def branch_heads(parents: np.ndarray) -> list[int]:
     return heads
 
 
-def matching_child(tokens: np.ndarray, parents: np.ndarray, node: int, token: int) -> int:
-    """The lowest-index child of `node` holding `token`, -1 if none (greedy acceptance's rule)."""
-    hits = np.flatnonzero((parents == node) & (tokens == token))
+def matching_child(tokens: np.ndarray, parents: np.ndarray, node: int, token: int, n_walk: int) -> int:
+    """The lowest-index child of `node` among nodes 0 .. n_walk - 1 (the candidates) holding
+    `token`, -1 if none: greedy acceptance's rule (draftcore.acceptance.greedy_accept)."""
+    hits = np.flatnonzero((parents[:n_walk] == node) & (tokens[:n_walk] == token))
     return int(hits[0]) if hits.shape[0] else -1
+
+
+def root_path(parents: np.ndarray, node: int) -> list[int]:
+    """Node indices from the root down to `node`."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    return path[::-1]
 
 
 def common_prefix(a: list[int], b) -> int:

@@ -2,12 +2,16 @@
 
 Two modes, chosen from what the context can do (context.py) and reported by `chain_only`:
 
-- tree mode (kv_unified, n_seq_max >= leaves + 1): ONE llama_decode per draft tree. Node i sits at
-  position n_past + depth[i] with the sequence ids of the leaves below it (batch.py); commit keeps the
-  accepted path as sequence 0 and frees every other cell with two sequence operations.
+- tree mode (kv_unified, n_seq_max >= leaves + 1): ONE llama_decode per draft tree, every node
+  evaluated. Node i sits at position n_past + depth[i] with the sequence ids of the leaves below it
+  (batch.py); commit keeps the accepted path as sequence 0 and frees every other cell with two
+  sequence operations.
 - chain-only mode (a stock `llama_cpp.Llama`: one sequence, no unified cache): a chain draft is still
   one llama_decode; a branching tree is verified branch by branch (branches.py), each extra decode
-  announced once with a ChainOnlyWarning. Never silently slow.
+  announced once with a ChainOnlyWarning. Never silently slow. Only the branches someone reads are
+  decoded: those greedy acceptance walks into, those holding lookahead nodes (a drafter observes
+  them) and those holding the first n_logits nodes. Every other node comes back as -1
+  (draftcore.checks.MISSING), never as a made-up token.
 
 KV cache invariants between calls (checked by the tests):
 
@@ -19,8 +23,9 @@ KV cache invariants between calls (checked by the tests):
     decoding. A tree batch therefore goes in depth-first order, best branch first, and a commit
     whose path is not a prefix of the batch decodes the path's tail again (n_redecoded; README.md).
 
-The llama.cpp logits buffer is read through a numpy view (no per-element Python): argmax is taken in
-place; want="logits" copies rows out, since the next llama_decode overwrites the buffer.
+The llama.cpp logits buffer is read through a numpy view (no per-element Python): the argmax of every
+row is taken in place, and only the n_logits rows asked for are copied out (the next llama_decode
+overwrites the buffer).
 """
 from __future__ import annotations
 
@@ -30,16 +35,18 @@ import weakref
 
 import numpy as np
 
+from draftcore.checks import MISSING, check_n_logits, check_path, check_tree
 from draftcore.errors import BackendError, ConfigError, InputError, describe
-from draftcore.tree import DraftTree, _first_bad_node
+from draftcore.selfcheck import N_POSITIONS, check_tree_attention
+from draftcore.tree import DraftTree
 from draftcore.validate import positive_int, token_array
 
 from . import branches
-from .batch import Batch
+from .batch import Batch, leaf_membership
 from .context import (Limits, default_threads, import_llama_cpp, load_model, new_context, read_limits,
                       split_overrides, tree_context_params)
 
-DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: trees up to 64 nodes
+DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: any tree of up to 64 nodes
 
 
 class ChainOnlyWarning(UserWarning):
@@ -53,15 +60,17 @@ class LlamaCppVerifier:
         vocab_size:  logits per position.
         n_past:      committed tokens in the KV cache (sequence 0).
         max_context: n_ctx, the cells of the KV cache; prompt + generated + one tree must fit.
-        chain_only:  True when trees are verified branch by branch (see ChainOnlyWarning).
-        max_leaves:  leaves a tree may have in tree mode (0 in chain-only mode).
-        max_tree_nodes: the most nodes one verify takes (n_batch, and in tree mode max_leaves + 1,
-                     since a tree of n nodes has at most n - 1 leaves); speculate drafts no more.
-        n_decodes:   llama_decode calls so far; n_redecoded: tokens decoded again by commit
-                     (a path that left the best branch, or chain-only mode's logits walk).
+        max_tree_nodes: the most nodes one verify takes: n_batch (one llama_decode holds the tree,
+                     or in chain-only mode its longest branch), or less when asked for at construction.
+        max_tree_leaves: the most leaves a tree may have: n_seq_max - 1 in tree mode (leaf k is
+                     sequence k + 1); None in chain-only mode, where branches go one decode each.
+        chain_only:  True when branching trees are verified branch by branch (see ChainOnlyWarning).
+        n_decodes:   llama_decode calls so far (after the construction self-check);
+        n_redecoded: tokens decoded a second time: by a commit whose path left the batch's best
+                     branch, or in chain-only mode by a branch whose ancestors the cache had dropped.
     """
 
-    def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None):
+    def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None, max_tree_nodes=None):
         """Internal: use `from_gguf` / `from_llama`. `keepalive` holds whatever owns model/ctx."""
         self._lib = lib
         self._model = model
@@ -73,9 +82,14 @@ class LlamaCppVerifier:
         self.limits = limits
         self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
         self.max_context = limits.n_ctx
-        self.max_leaves = limits.max_leaves
-        self.chain_only = self.max_leaves == 0
-        self.max_tree_nodes = limits.n_batch if self.chain_only else min(limits.n_batch, self.max_leaves + 1)
+        self.chain_only = limits.max_leaves == 0
+        self.max_tree_leaves = None if self.chain_only else limits.max_leaves
+        self.max_tree_nodes = limits.n_batch
+        if max_tree_nodes is not None:
+            self.max_tree_nodes = positive_int("max_tree_nodes", max_tree_nodes)
+            if self.max_tree_nodes > limits.n_batch:
+                raise ConfigError(f"max_tree_nodes: expected at most n_batch={limits.n_batch} (the most "
+                                  f"tokens one llama_decode takes), got {max_tree_nodes}")
         self.n_past = 0
         self.n_decodes = 0
         self.n_redecoded = 0
@@ -83,19 +97,26 @@ class LlamaCppVerifier:
         self._pending = None      # what the last verify left in the cache, until commit
         self._prefilled = False
         self._warned = False
+        self.self_check_error = None  # the construction self-check's relative error, when it ran
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_gguf(cls, path, *, n_ctx: int = 4096, n_batch: int = 512, n_gpu_layers: int = 0,
                   n_threads: int | None = None, n_seq_max: int = DEFAULT_SEQ_MAX, type_k: int | None = None,
-                  type_v: int | None = None, flash_attn: bool | None = None, verbose: bool = False,
-                  **llama_kwargs) -> "LlamaCppVerifier":
+                  type_v: int | None = None, flash_attn: bool | None = None, max_tree_nodes: int | None = None,
+                  self_check: bool = True, verbose: bool = False, **llama_kwargs) -> "LlamaCppVerifier":
         """Load a GGUF model into a tree-capable context (kv_unified=True, n_seq_max sequences).
 
         n_threads:   CPU threads (default: the cores this process may use).
         type_k/v:    KV cache ggml types (e.g. llama_cpp.GGML_TYPE_F32 for exactness tests).
         flash_attn:  True / False, or None for llama.cpp's automatic choice.
+        max_tree_nodes: the most nodes one verify takes (default n_batch). 63 keeps every batch
+                     within what llama.cpp's CPU flash attention computes bit-identically to one-token
+                     decoding (README.md, "Quantized weights and exactness").
+        self_check:  run one branching tree at construction and compare its logits with one-token
+                     decoding (draftcore.selfcheck); BackendError if the context does not honour the
+                     tree's sequence ids.
         llama_kwargs: any other llama_context_params / llama_model_params field by name.
         """
         lib = import_llama_cpp()
@@ -117,11 +138,13 @@ class LlamaCppVerifier:
             lib.llama_model_free(model)
             raise
         owner = _Owner(lib, model, ctx)
-        return cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,))
+        verifier = cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,), max_tree_nodes=max_tree_nodes)
+        return verifier._checked() if self_check else verifier
 
     @classmethod
     def from_llama(cls, llm, *, strict: bool = False, own_context: bool = False,
-                   n_seq_max: int = DEFAULT_SEQ_MAX) -> "LlamaCppVerifier":
+                   n_seq_max: int = DEFAULT_SEQ_MAX, max_tree_nodes: int | None = None,
+                   self_check: bool = True) -> "LlamaCppVerifier":
         """Verify with an existing `llama_cpp.Llama`, whose settings are left as they are.
 
         By default its own context is used. A stock Llama has one sequence and a split cache, so
@@ -130,6 +153,8 @@ class LlamaCppVerifier:
           own_context=True  make a second context over the same loaded weights with tree settings
                             (its n_ctx, n_batch, threads and KV types, plus kv_unified and n_seq_max):
                             one llama_decode per tree, at the cost of one more KV cache.
+        max_tree_nodes and self_check: as in `from_gguf`. The self-check on the Llama's own context
+        starts a sequence there, as any prefill does.
         The verifier drives the context directly and calls `llm.reset()` at each prefill, so the
         Llama never reuses a KV prefix it no longer holds.
         """
@@ -141,17 +166,20 @@ class LlamaCppVerifier:
             params = tree_context_params(lib, llm.context_params, n_seq_max=n_seq_max)
             ctx = new_context(lib, llm.model, params)
             owner = _Owner(lib, None, ctx)
-            return cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm))
-        limits = read_limits(lib, llm.ctx)
-        if limits.max_leaves == 0 and strict:
-            raise ConfigError(
-                f"llm: its context cannot hold a draft tree (n_seq_max={limits.n_seq_max}, "
-                f"kv_unified={limits.unified}); a tree of L leaves needs kv_unified=True and "
-                f"n_seq_max >= L + 1 (e.g. n_seq_max={DEFAULT_SEQ_MAX} for trees of up to "
-                f"{DEFAULT_SEQ_MAX} nodes). llama_cpp.Llama() cannot set these: use "
-                f"LlamaCppVerifier.from_llama(llm, own_context=True) or "
-                f"LlamaCppVerifier.from_gguf(path, n_seq_max={DEFAULT_SEQ_MAX})")
-        return cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm)
+            verifier = cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm),
+                           max_tree_nodes=max_tree_nodes)
+        else:
+            limits = read_limits(lib, llm.ctx)
+            if limits.max_leaves == 0 and strict:
+                raise ConfigError(
+                    f"llm: its context cannot hold a draft tree (n_seq_max={limits.n_seq_max}, "
+                    f"kv_unified={limits.unified}); a tree of L leaves needs kv_unified=True and "
+                    f"n_seq_max >= L + 1 (e.g. n_seq_max={DEFAULT_SEQ_MAX} for trees of up to "
+                    f"{DEFAULT_SEQ_MAX} nodes). llama_cpp.Llama() cannot set these: use "
+                    f"LlamaCppVerifier.from_llama(llm, own_context=True) or "
+                    f"LlamaCppVerifier.from_gguf(path, n_seq_max={DEFAULT_SEQ_MAX})")
+            verifier = cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm, max_tree_nodes=max_tree_nodes)
+        return verifier._checked() if self_check else verifier
 
     def close(self) -> None:
         """Free what this verifier created (a borrowed Llama is left alone); the verifier is done."""
@@ -168,21 +196,62 @@ class LlamaCppVerifier:
     def __exit__(self, *exc):
         self.close()
 
+    def _checked(self) -> "LlamaCppVerifier":
+        """This verifier once it passed the self-check; closed if it did not."""
+        try:
+            self._self_check()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _self_check(self) -> float:
+        """draftcore.selfcheck.check_tree_attention on this context, then an empty sequence.
+
+        In tree mode the check's tree (5 nodes, 2 leaves) tests the sequence-id tagging; in
+        chain-only mode the per-branch decodes and their rollback. A tree-mode context with a single
+        leaf sequence (n_seq_max=2) verifies chains only, which carry no tags: nothing to check.
+        """
+        if not self.chain_only and self.max_tree_leaves < 2:
+            return 0.0
+        if self.max_context < N_POSITIONS or self.max_tree_nodes < 5:
+            raise ConfigError(f"self_check: the construction self-check needs n_ctx >= {N_POSITIONS} and "
+                              f"max_tree_nodes >= 5, got n_ctx={self.max_context}, max_tree_nodes="
+                              f"{self.max_tree_nodes}; pass self_check=False for such a small context")
+        ftype = int(self._lib.llama_model_ftype(self._model))
+        tol = self_check_tolerance(self._lib, ftype)
+        if self.chain_only:
+            name = "LlamaCppVerifier (chain-only)"
+            hint = ("Expected each branch decoded in sequence 0 after the cells of the previous one were "
+                    "removed (llama_memory_seq_rm)")
+        else:
+            name = "LlamaCppVerifier (tree mode)"
+            hint = ("Expected each node to see only its ancestors, through the sequence ids of the leaves "
+                    "below it (kv_unified=True, n_seq_max >= leaves + 1)")
+        hint += f"; model file type {ftype}, tolerance {tol:g}. Pass self_check=False at your own risk."
+        warned, self._warned = self._warned, True  # the check's own branch decodes are not the user's
+        try:
+            err = check_tree_attention(self, tol, name=name, hint=hint)
+        finally:
+            self._warned = warned
+            self._clear()
+        self.n_decodes = self.n_redecoded = 0
+        self.self_check_error = err
+        return err
+
     # ------------------------------------------------------------------ Verifier protocol
 
-    def prefill(self, prompt, want: str = "argmax"):
-        """Start over from `prompt` (int32[T]); the result for its last position (see Verifier)."""
-        want = _check_want(want)
+    def prefill(self, prompt, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Start over from `prompt` (int32[T]); the last position's (int32[1] argmax,
+        float32[n_logits, vocab] logits), n_logits 0 or 1 (see draftcore.Verifier.prefill)."""
+        n_logits = check_n_logits(n_logits, 1)
         if self._ctx is None:
             raise InputError("prefill: this verifier was closed")
         prompt = token_array("prompt", prompt, vocab_size=self.vocab_size)
         if prompt.shape[0] > self.max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self.max_context} "
                              f"(n_ctx of the llama.cpp context)")
-        if self._llm is not None:
-            self._llm.reset()
-        self._lib.llama_memory_clear(self._mem, False)
-        self.n_past, self._pending, self._prefilled = 0, None, False
+        self._clear()
         step = self.limits.n_batch
         for start in range(0, prompt.shape[0], step):
             chunk = prompt[start:start + step]
@@ -191,27 +260,28 @@ class LlamaCppVerifier:
             self._decode()
             self.n_past = start + chunk.shape[0]
         self._prefilled = True
-        row = self._logits(1)[0]
-        return int(row.argmax()) if want == "argmax" else row.copy()
+        rows = self._logits(1)
+        return rows.argmax(axis=1).astype(np.int32), rows[:n_logits].copy()
 
-    def verify(self, tree: DraftTree, want: str = "argmax") -> np.ndarray:
-        """One forward over `tree` at positions n_past + depths (see Verifier.verify)."""
-        want = _check_want(want)
+    def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """One forward over `tree` at positions n_past + depths: (int32[n] each node's argmax or -1,
+        float32[n_logits, vocab] the first n_logits nodes' logits) (see draftcore.Verifier.verify)."""
         self._check_tree(tree)
+        n_logits = check_n_logits(n_logits, len(tree))
         self._discard_pending()
         if tree.is_chain():
-            return self._verify_chain(tree, want)
+            return self._verify_chain(tree, n_logits)
         if self.chain_only:
-            self._warn_chain_only(tree)
-            return self._verify_by_branches(tree, want)
-        return self._verify_tree(tree, want)
+            self._warn_chain_only()
+            return self._verify_by_branches(tree, n_logits)
+        return self._verify_tree(tree, n_logits)
 
     def commit(self, path) -> None:
         """Append the KV of `path` (tree node indices, root first) to sequence 0; free the rest."""
         pending = self._pending
         if pending is None:
             raise InputError("commit: no verified tree is pending (call verify first)")
-        path = self._check_path(path, pending.tree)
+        path = check_path(path, pending.tree)
         if pending.kind == "tree":
             self._commit_tree(path, pending)
         else:
@@ -244,8 +314,8 @@ class LlamaCppVerifier:
 
     # ------------------------------------------------------------------ tree mode
 
-    def _verify_tree(self, tree: DraftTree, want: str) -> np.ndarray:
-        membership = tree.leaf_membership()           # bool[n, n_leaves]
+    def _verify_tree(self, tree: DraftTree, n_logits: int):
+        membership = leaf_membership(tree)            # bool[n, n_leaves]
         n_leaves = membership.shape[1]
         lib, mem = self._lib, self._mem
         # Each leaf sequence must see the context: its cells gain ids 1 .. n_leaves (no copy of KV data).
@@ -257,7 +327,12 @@ class LlamaCppVerifier:
         self._pending = _Pending("tree", tree, membership=membership, order=order)
         self._batch.set_tree(tree.tokens[order], tree.depths[order], membership[order], self.n_past)
         self._decode()
-        return self._result(len(tree), want, order)
+        rows = self._logits(len(tree))                # row b is node order[b]
+        tokens = np.empty(len(tree), np.int32)
+        tokens[order] = rows.argmax(axis=1)
+        row_of = np.empty(len(tree), np.int64)
+        row_of[order] = np.arange(len(tree))
+        return tokens, rows[row_of[:n_logits]]        # fancy indexing copies the rows out
 
     def _commit_tree(self, path: np.ndarray, pending) -> None:
         # Cells of path nodes carry several leaf ids; rejected cells carry others. Any leaf below the
@@ -284,41 +359,70 @@ class LlamaCppVerifier:
 
     # ------------------------------------------------------------------ chains (both modes)
 
-    def _verify_chain(self, tree: DraftTree, want: str) -> np.ndarray:
+    def _verify_chain(self, tree: DraftTree, n_logits: int):
         self._pending = _Pending("chain", tree, cached=list(range(len(tree))))
         self._batch.set_chain(tree.tokens, self.n_past, "all")
         self._decode()
-        return self._result(len(tree), want)
+        rows = self._logits(len(tree))
+        return rows.argmax(axis=1).astype(np.int32), rows[:n_logits].copy()
 
-    def _verify_by_branches(self, tree: DraftTree, want: str) -> np.ndarray:
-        """Chain-only mode: decode branch chains in sequence 0, rolling back between them.
+    def _verify_by_branches(self, tree: DraftTree, n_logits: int):
+        """Chain-only mode: decode root paths of `tree` in sequence 0, rolling back between them.
 
-        want="argmax": only the branches greedy acceptance walks into (one decode when it stays on
-        the best branch). Entries of nodes never decoded are 0: greedy acceptance cannot reach them.
-        want="logits": every branch, each node decoded once (a sampler may walk anywhere).
+        Decoded: every branch holding one of the first n_logits nodes or a lookahead node (in
+        depth-first order, so each starts where the previous one left the cache), then the branches
+        greedy acceptance walks into over the candidates (so the cache usually ends on the path that
+        will be committed). Nodes of no decoded branch come back as MISSING.
         """
-        n = len(tree)
+        n, n_walk = len(tree), tree.n_candidates
         first = branches.first_children(tree.parents)
         pending = self._pending = _Pending("chain", tree, cached=[])
-        out = np.zeros(n, np.int32) if want == "argmax" else np.empty((n, self.vocab_size), np.float32)
-        heads = [0] if want == "argmax" else branches.branch_heads(tree.parents)
-        while heads:
-            head = heads.pop(0)
+        tokens = np.full(n, MISSING, np.int32)
+        logits = np.empty((n_logits, self.vocab_size), np.float32)
+        read = np.zeros(n, bool)              # nodes whose result a caller reads whatever greedy does
+        read[:n_logits] = True
+        read[n_walk:] = True
+        for head in branches.branch_heads(tree.parents):
             chain = branches.best_chain(first, head)
-            self._rollback(pending, int(tree.depths[head]))
-            self._batch.set_chain(tree.tokens[chain], self.n_past + int(tree.depths[head]), "all")
-            self._decode()
-            pending.cached.extend(chain)
-            out[chain] = self._result(len(chain), want)
-            if want == "argmax":
-                off = _greedy_exit(tree, out, chain)
-                if off >= 0:
-                    heads.append(off)
-        return out
+            if read[chain].any():
+                self._decode_root_path(pending, branches.root_path(tree.parents, head) + chain[1:],
+                                       tokens, logits)
+        # Greedy acceptance over the candidates: decode the branch of each child it moves into.
+        if tokens[0] == MISSING:
+            self._decode_root_path(pending, branches.best_chain(first, 0), tokens, logits)
+        u = 0
+        while True:
+            child = branches.matching_child(tree.tokens, tree.parents, u, int(tokens[u]), n_walk)
+            if child < 0:
+                break
+            if tokens[child] == MISSING:
+                self._decode_root_path(pending, branches.root_path(tree.parents, child)
+                                       + branches.best_chain(first, child)[1:], tokens, logits)
+            u = child
+        return tokens, logits
+
+    def _decode_root_path(self, pending, path: list, tokens: np.ndarray, logits: np.ndarray) -> None:
+        """Make the cache hold `path` (root first): keep its common prefix with what is cached,
+        decode the rest in one llama_decode, and record the decoded nodes' results."""
+        keep = branches.common_prefix(pending.cached, path)
+        self._rollback(pending, keep)
+        rest = path[keep:]
+        if not rest:
+            return
+        tree = pending.tree
+        nodes = np.array(rest, np.int64)
+        self._batch.set_chain(tree.tokens[nodes], self.n_past + keep, "all")
+        self._decode()
+        pending.cached.extend(rest)
+        self.n_redecoded += int((tokens[nodes] != MISSING).sum())
+        rows = self._logits(len(rest))
+        tokens[nodes] = rows.argmax(axis=1)
+        wanted = nodes < logits.shape[0]
+        logits[nodes[wanted]] = rows[wanted]
 
     def _commit_chain(self, path: np.ndarray, pending) -> None:
         # The cache holds pending.cached (a root path). Keep its common prefix with `path`; decode
-        # the rest of `path` again only if verify ended on another branch (chain-only logits mode).
+        # the rest of `path` again only if verify ended on another branch.
         keep = branches.common_prefix(pending.cached, path.tolist())
         self._rollback(pending, keep)
         if keep < path.shape[0]:
@@ -361,20 +465,17 @@ class LlamaCppVerifier:
         buf = (ctypes.c_float * size).from_address(ctypes.addressof(ptr.contents))
         return np.frombuffer(buf, np.float32, size).reshape(n_rows, self.vocab_size)
 
-    def _result(self, n_rows: int, want: str, order=None) -> np.ndarray:
-        """Per-node results from the batch's rows; `order[b]` is the node in batch row b (None: same)."""
-        logits = self._logits(n_rows)
-        rows = logits.argmax(axis=1).astype(np.int32) if want == "argmax" else logits
-        if order is None:
-            return rows if want == "argmax" else rows.copy()
-        out = np.empty_like(rows)
-        out[order] = rows
-        return out
-
     def _seq_rm(self, seq: int, p0: int) -> None:
         if not self._lib.llama_memory_seq_rm(self._mem, seq, p0, -1):
             raise BackendError(f"llama_memory_seq_rm(seq={seq}, p0={p0}) failed: this memory cannot "
                                f"drop a partial sequence (recurrent models cannot verify drafts)")
+
+    def _clear(self) -> None:
+        """An empty cache and no sequence (the Llama, when borrowed, forgets its prefix too)."""
+        if self._llm is not None:
+            self._llm.reset()
+        self._lib.llama_memory_clear(self._mem, False)
+        self.n_past, self._pending, self._prefilled = 0, None, False
 
     def _discard_pending(self) -> None:
         """A second verify without commit: drop the previous tree's cells first."""
@@ -387,48 +488,25 @@ class LlamaCppVerifier:
     # ------------------------------------------------------------------ checks (before any state changes)
 
     def _check_tree(self, tree) -> None:
-        if not isinstance(tree, DraftTree):
-            raise InputError(f"tree: expected a DraftTree, got {describe(tree)}")
+        check_tree(tree, self.vocab_size)
         if not self._prefilled:
             raise InputError("verify: no sequence started (call prefill first)")
         n = len(tree)
-        if (n == 0 or tree.parents.shape != (n,) or tree.depths.shape != (n,)
-                or tree.parents.dtype != np.int32 or tree.depths.dtype != np.int32
-                or _first_bad_node(tree.parents, tree.depths) >= 0):
-            raise InputError(f"tree: malformed (build it with DraftTree.build): {tree!r}")
         if self.n_past + n > self.max_context:
             raise InputError(f"tree: {n} nodes after n_past={self.n_past} need {self.n_past + n} KV cells, "
                              f"more than max_context {self.max_context}")
-        if tree.tokens.dtype != np.int32 or tree.tokens.min() < 0 or tree.tokens.max() >= self.vocab_size:
-            raise InputError(f"tree.tokens: expected int32 ids in [0, {self.vocab_size}), got "
-                             f"{describe(tree.tokens)} with range [{tree.tokens.min()}, {tree.tokens.max()}]")
-        # One batch holds the whole tree, or in chain-only mode its longest branch.
-        self._check_batch(int(tree.depths.max()) + 1 if self.chain_only else n)
-        if not self.chain_only and not tree.is_chain():
+        if n > self.max_tree_nodes:
+            raise InputError(f"tree: {n} nodes exceed max_tree_nodes {self.max_tree_nodes} (n_batch "
+                             f"{self.limits.n_batch}: the most tokens one llama_decode takes); draft fewer "
+                             f"nodes, or raise n_batch")
+        if self.max_tree_leaves is not None and not tree.is_chain():
             n_leaves = tree.leaves().shape[0]
-            if n_leaves > self.max_leaves:
+            if n_leaves > self.max_tree_leaves:
                 raise InputError(f"tree: {n_leaves} leaves, but this context has n_seq_max="
-                                 f"{self.limits.n_seq_max} (at most {self.max_leaves} leaves); "
+                                 f"{self.limits.n_seq_max} (at most {self.max_tree_leaves} leaves); "
                                  f"create the verifier with n_seq_max >= {n_leaves + 1}")
 
-    def _check_batch(self, n: int) -> None:
-        if n > self.limits.n_batch:
-            raise InputError(f"tree: {n} nodes exceed n_batch {self.limits.n_batch}, the most tokens one "
-                             f"llama_decode takes; draft fewer nodes or raise n_batch")
-
-    @staticmethod
-    def _check_path(path, tree: DraftTree) -> np.ndarray:
-        path = token_array("path", path)
-        if path.max() >= len(tree):
-            raise InputError(f"path: node index {int(path.max())} is outside the tree of {len(tree)} nodes")
-        if path[0] != 0:
-            raise InputError(f"path: expected to start at the root (node 0), got node {int(path[0])}")
-        if path.shape[0] > 1 and not np.array_equal(tree.parents[path[1:]], path[:-1]):
-            raise InputError(f"path: {path.tolist()} is not a root-to-node path of the tree "
-                             f"(parents {tree.parents[path].tolist()})")
-        return path
-
-    def _warn_chain_only(self, tree: DraftTree) -> None:
+    def _warn_chain_only(self) -> None:
         if self._warned:
             return
         self._warned = True
@@ -467,19 +545,20 @@ def _free(lib, model, ctx) -> None:
         lib.llama_model_free(model)
 
 
-def _greedy_exit(tree: DraftTree, out: np.ndarray, chain: list) -> int:
-    """Walk greedy acceptance along a freshly decoded chain; return the off-chain child it moves
-    into (whose branch must be decoded next), or -1 if the walk ends on this chain."""
-    for j, u in enumerate(chain):
-        child = branches.matching_child(tree.tokens, tree.parents, u, int(out[u]))
-        if child < 0:
-            return -1
-        if j + 1 >= len(chain) or chain[j + 1] != child:
-            return child
-    return -1
+# The construction self-check's bound on max |tree - one-token| / max(1, max |one-token|), by weight
+# type. Measured on CPU (llama-cpp-python 0.3.36, the check's tree with prompt seeds 0-3, flash
+# attention off and on, tree mode and chain-only): correct contexts reach 2.7e-4 (tiny random Llama,
+# F32), 5e-4 / 2e-3 / 1.1e-2 (SmolLM2-135M F32 / F16 / BF16), and on quantized SmolLM2 with flash
+# attention off 0.010 (Q8_0), 0.039 (Q4_1), 0.044 (Q5_0), 0.058 (Q4_K_M); flash on gives 0 except
+# 0.039 (Q4_K_M). A batch that lets every node see its cousins is off by >= 0.18 on all of them
+# (>= 0.26 on every SmolLM2 type but Q2_K's 0.18). GPU kernels were not measured.
+FLOAT_WEIGHTS_TOLERANCE = 0.05       # 5x the worst correct float forward (BF16), 4x under a broken one
+QUANTIZED_WEIGHTS_TOLERANCE = 0.1    # between the worst correct (0.058) and broken (0.18) quantized
 
 
-def _check_want(want) -> str:
-    if want not in ("argmax", "logits"):
-        raise InputError(f"want: expected 'argmax' or 'logits', got {describe(want)}")
-    return want
+def self_check_tolerance(lib, ftype: int) -> float:
+    """The self-check's tolerance for a model whose GGUF file type is `ftype` (llama_model_ftype)."""
+    floats = (lib.LLAMA_FTYPE_ALL_F32, lib.LLAMA_FTYPE_MOSTLY_F16, lib.LLAMA_FTYPE_MOSTLY_BF16)
+    if ftype & ~lib.LLAMA_FTYPE_GUESSED in floats:
+        return FLOAT_WEIGHTS_TOLERANCE
+    return QUANTIZED_WEIGHTS_TOLERANCE

@@ -9,8 +9,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"draftcore.adapters.torch_hf needs torch and transformers "
                       f"(pip install 'draftcore[hf]'): {exc}") from exc
 
-from .fixtures import tiny_llama
 from .smollm2 import load_smollm2
 from .verifier import HFVerifier
 
-__all__ = ["HFVerifier", "load_smollm2", "tiny_llama"]
+__all__ = ["HFVerifier", "load_smollm2"]

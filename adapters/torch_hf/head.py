@@ -30,10 +30,10 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+from draftcore.selfcheck import relative_error
 from draftcore.tree import DraftTree
 
 from .masks import tree_forward_inputs
-from .selfcheck import relative_error
 from .timing import interleaved_medians
 from .weight_major import WeightMajorLinear, faster_rows, weight_major_product
 

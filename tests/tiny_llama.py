@@ -1,4 +1,4 @@
-"""Tiny random Llama models: the exact cross-backend fixture (same weights in HF, ONNX and GGUF).
+"""Tiny random Llama models for the HF backend's tests (`from tiny_llama import tiny_llama`).
 
 Built from a `LlamaConfig` on the CPU in float32 with a private RNG (the global torch seed is left as
 it was), so a given `seed` gives bit-identical weights on every machine.
