@@ -8,7 +8,6 @@ ROOT = os.path.dirname(HERE)
 # 80 plain greedy SmolLM2 traces recorded with `draftcore record` (benchmarks/data/README.md); EOS id 2
 TRACES = os.path.join(HERE, "data", "smollm2_greedy_traces.jsonl.gz")
 TRACES_EOS = 2
-SHARED_TRACES = TRACES  # the name trie_speed.py still imports; it is the repo's file too
 OUT_DIR = os.path.join(ROOT, "bench_out")
 
 

@@ -9,7 +9,7 @@ import argparse
 import time
 
 import numpy as np
-from _common import SHARED_TRACES, markdown_table, tests_path, write_json
+from _common import TRACES, markdown_table, tests_path, write_json
 
 from draftcore import DraftTree, TrieDrafter
 from draftcore.tools.replay import replay
@@ -48,7 +48,7 @@ def main():
     parser.add_argument("--branch-length", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3, help="jitted replays (the median of each is kept)")
     args = parser.parse_args()
-    traces = read_traces(SHARED_TRACES)
+    traces = read_traces(TRACES)
     options = dict(capacity=1 << 18, branch_length=args.branch_length)
     rows, payload = [], {}
     for label, make, repeats in [("draftcore (numba)", lambda: TrieDrafter(**options), args.repeats),
