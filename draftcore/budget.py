@@ -61,28 +61,48 @@ class CostAwareBudget:
     best-first prefix of k candidates is the sum of their calibrated probabilities. Lookahead nodes
     are never accepted, so they are priced but never calibrated.
 
-    Every `explore_every` steps it verifies a neighbouring menu size instead (one up or one down
-    from its choice, alternately), so one slow measurement (a page fault, another process) cannot
-    stick forever and a better size nearby gets found.
+    Now and then it verifies a neighbouring menu size instead (one up or one down from its choice,
+    alternately), so one slow measurement (a page fault, another process) cannot stick forever and
+    a better size nearby gets found: after `explore_every` steps, then at intervals that grow by
+    `explore_backoff` while the choice stays the same (up to 16x), since each exploration of a size
+    that is worse costs a step's worth of its difference, and back to `explore_every` when the choice
+    changes. One budget lives as long as its verifier, serving whatever workload comes, so the
+    acceptance evidence fades with a memory of `memory` steps: after code completion, a chat
+    workload's lower acceptance takes effect within a few requests.
 
-        parameter      default  meaning
-        max_nodes      64       most drafted candidates ever verified
-        smoothing      0.2      weight of a new cost measurement in its size's average
-        optimism       0.05     unmeasured size's guessed cost growth per node, relative to 1 node
-        explore_every  16       steps between re-measurements of a neighbouring size
+    Measured by replaying the recorded SmolLM2 traces (HumanEval then MT-Bench in one session, and
+    the reverse) on the synthetic clock of each cost table (benchmarks/budget_sim.py): backoff 2 and
+    memory 6000 against none (backoff 1, memory None) give, simulated speedup over plain decoding,
+    HF CPU 1.80x / 1.37x and 1.40x / 1.85x (none: 1.78x / 1.37x and 1.40x / 1.84x), llama.cpp CPU
+    1.03x / 1.03x and 1.00x / 1.09x (none: 1.02x / 1.00x and 0.99x / 1.05x); a flat GPU cost is
+    unchanged (2.86x / 1.83x).
+
+        parameter        default  meaning
+        max_nodes        64       most drafted candidates ever verified
+        smoothing        0.2      weight of a new cost measurement in its size's average
+        optimism         0.05     unmeasured size's guessed cost growth per node, relative to 1 node
+        explore_every    16       steps before a neighbouring size is re-measured
+        explore_backoff  2        factor on that interval while the choice stays the same (1: fixed)
+        memory           6000     steps after which acceptance evidence has faded to 1/e (None: never)
     """
 
     _BINS = 20   # score bins
     _RANKS = 6   # rank buckets: 1, 2-3, 4-7, 8-15, 16-31, 32+
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
-                 explore_every: int = 16):
+                 explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0):
         self.max_nodes = positive_int("max_nodes", max_nodes)
         self.smoothing = positive_float("smoothing", smoothing)
         if self.smoothing > 1.0:
             raise ConfigError(f"smoothing: expected a number in (0, 1], got {smoothing}")
         self.optimism = positive_float("optimism", optimism, inclusive=True)
         self.explore_every = positive_int("explore_every", explore_every)
+        self.explore_backoff = positive_int("explore_backoff", explore_backoff)
+        self.memory = None if memory is None else positive_float("memory", memory, minimum=1.0, inclusive=True)
+        self._period = self.explore_every   # steps until the next exploration
+        self._next_explore = self.explore_every - 1
+        self._n_explored = 0
+        self._last_best = -1
         self.sizes = _menu(self.max_nodes + 1)   # candidate-tree sizes (nodes, root included)
         self._cost: dict[int, np.ndarray] = {}   # n_lookahead -> seconds per step, by menu entry
         self._step = 0
@@ -90,6 +110,11 @@ class CostAwareBudget:
         centres = (np.arange(self._BINS) + 0.5) / self._BINS
         self._offered = np.full((self._BINS, self._RANKS), 2.0)
         self._accepted = np.repeat(2.0 * centres[:, None], self._RANKS, axis=1)
+        self._prior_offered, self._prior_accepted = self._offered.copy(), self._accepted.copy()
+        # Caches of what choose() reads every step, refreshed when observe() changes their inputs.
+        self._probability = (self._accepted / self._offered).ravel()
+        self._estimates: dict[int, np.ndarray] = {}
+        self._rank_bucket = _rank_buckets(self.max_nodes + 2, self._RANKS)
 
     # -- the policy ---------------------------------------------------------------------------
     def request_size(self) -> int:
@@ -99,16 +124,21 @@ class CostAwareBudget:
         n_draft = min(tree.n_draft, self.max_nodes)
         if n_draft == 0 or np.isnan(self._costs(tree.n_lookahead)[0]):
             return 0  # first measure what a step without candidates costs
-        p = self._calibrated(tree)[1:n_draft + 1]
+        p = self._probability[self._cells(tree, n_draft + 1)[1:]]
         accepted = np.concatenate(([0.0], np.cumsum(p)))            # expected, k = 0..n_draft
         n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
         sizes = self.sizes[:n_menu]
         value = (1.0 + accepted[sizes - 1]) / self._estimated(tree.n_lookahead)[:n_menu]
         best = int(np.argmax(value))
-        if self._step % self.explore_every == self.explore_every - 1:
+        if best != self._last_best:
+            self._last_best, self._period = best, self.explore_every
+        if self._step >= self._next_explore:
             # Re-measure a neighbouring size (one up or down, alternately): local, so the
             # exploration itself stays cheap where big trees are expensive.
-            near = best + (1 if (self._step // self.explore_every) % 2 == 0 else -1)
+            near = best + (1 if self._n_explored % 2 == 0 else -1)
+            self._n_explored += 1
+            self._next_explore = self._step + self._period
+            self._period = min(self._period * self.explore_backoff, 16 * self.explore_every)
             if 0 <= near < n_menu:
                 best = near
         return int(sizes[best]) - 1
@@ -120,13 +150,20 @@ class CostAwareBudget:
             costs = self._costs(tree.n_lookahead)
             old = costs[i]
             costs[i] = seconds if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * seconds
+            self._estimates.clear()
+        if self.memory is not None:  # forget old evidence, keep the prior
+            keep = 1.0 - 1.0 / self.memory
+            self._offered = self._prior_offered + keep * (self._offered - self._prior_offered)
+            self._accepted = self._prior_accepted + keep * (self._accepted - self._prior_accepted)
         if tree.n_draft:
-            cells = self._cells(tree)[1:]
+            cells = self._cells(tree, tree.n_candidates)[1:]
             accepted = np.zeros(tree.n_candidates, bool)
             accepted[path] = True
-            size = self._offered.size
-            self._offered += np.bincount(cells, minlength=size).reshape(self._offered.shape)
-            self._accepted += np.bincount(cells, weights=accepted[1:], minlength=size).reshape(self._offered.shape)
+            flat_offered, flat_accepted = self._offered.reshape(-1), self._accepted.reshape(-1)
+            np.add.at(flat_offered, cells, 1.0)
+            np.add.at(flat_accepted, cells, accepted[1:])
+        if tree.n_draft or self.memory is not None:
+            self._probability = (self._accepted / self._offered).ravel()
 
     # -- what it has learnt (also for reports) -------------------------------------------------
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
@@ -148,6 +185,12 @@ class CostAwareBudget:
     def _estimated(self, n_lookahead: int) -> np.ndarray:
         """Seconds per menu size with `n_lookahead` lookahead nodes: measured where measured, else
         guessed from the step with the fewest nodes measured so far (with any window)."""
+        estimate = self._estimates.get(n_lookahead)
+        if estimate is None:
+            estimate = self._estimates[n_lookahead] = self._estimate(n_lookahead)
+        return estimate
+
+    def _estimate(self, n_lookahead: int) -> np.ndarray:
         known = self._costs(n_lookahead).copy()
         missing = np.isnan(known)
         total = self.sizes + n_lookahead - 1.0   # nodes beyond a root-only tree
@@ -167,17 +210,20 @@ class CostAwareBudget:
         i = int(np.searchsorted(self.sizes, n_nodes))
         return i if i < len(self.sizes) and self.sizes[i] == n_nodes else None
 
-    def _cells(self, tree: DraftTree) -> np.ndarray:
-        """Flat calibration cell of each candidate node: score bin * _RANKS + rank bucket."""
-        m = tree.n_candidates
+    def _cells(self, tree: DraftTree, m: int) -> np.ndarray:
+        """Flat calibration cell of the first m nodes: score bin * _RANKS + rank bucket."""
         scores = tree.scores[:m] if tree.scores is not None else 0.5 ** tree.depths[:m].astype(float)
-        bins = np.clip((np.asarray(scores) * self._BINS).astype(np.int64), 0, self._BINS - 1)
-        rank = np.arange(m)
-        ranks = np.minimum(np.log2(np.maximum(rank, 1)).astype(np.int64), self._RANKS - 1)
-        return bins * self._RANKS + ranks
+        bins = (scores * self._BINS).astype(np.int64)
+        np.minimum(bins, self._BINS - 1, out=bins)
+        np.maximum(bins, 0, out=bins)
+        if m > self._rank_bucket.shape[0]:
+            self._rank_bucket = _rank_buckets(m, self._RANKS)
+        return bins * self._RANKS + self._rank_bucket[:m]
 
-    def _calibrated(self, tree: DraftTree) -> np.ndarray:
-        return (self._accepted / self._offered).ravel()[self._cells(tree)]
+
+def _rank_buckets(n: int, n_buckets: int) -> np.ndarray:
+    """int64[n]: the rank bucket of best-first positions 0 .. n-1: 1, 2-3, 4-7, ... (the root: 0)."""
+    return np.minimum(np.log2(np.maximum(np.arange(n), 1)).astype(np.int64), n_buckets - 1)
 
 
 def _menu(largest: int) -> np.ndarray:

@@ -8,7 +8,8 @@
 
 Input from a caller is refused with `InputError` before any state changes; output from a backend
 that breaks the protocol is a `BackendError`. Every message names the argument, the value and what
-was expected. The checks are vectorised numpy (no numba: they run at import-free call sites too).
+was expected. Tree and path invariants are one pass of a numba kernel (draftcore.tree_kernels): they run on every
+verify and commit, where a dozen small numpy calls cost more than the check itself.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import BackendError, InputError, describe
+from .jit import kernels
 from .tree import DraftTree
 from .validate import positive_int
 
@@ -39,41 +41,25 @@ def check_tree(tree, vocab_size: int | None = None) -> DraftTree:
         raise InputError(f"tree: arrays differ in length: tokens {tree.tokens.shape}, parents "
                          f"{tree.parents.shape}, depths {tree.depths.shape}")
     if tree.scores is not None and (not isinstance(tree.scores, np.ndarray) or tree.scores.shape != (n,)
-                                    or not np.issubdtype(tree.scores.dtype, np.floating)):
+                                    or tree.scores.dtype.kind != "f"):
         raise InputError(f"tree.scores: expected None or float32[{n}], got {describe(tree.scores)}")
-    upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
-    lo, hi = int(tree.tokens.min()), int(tree.tokens.max())
-    if lo < 0 or hi >= upper:
-        raise InputError(f"tree.tokens: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {upper})")
-    bad = _first_bad_node(tree.parents, tree.depths)
-    if bad >= 0:
-        raise InputError(
-            f"tree: malformed at node {bad} (expected parents[0] == -1, 0 <= parents[i] < i, depths[0] == 0, "
-            f"depths[i] == depths[parents[i]] + 1): parent={int(tree.parents[bad])}, depth={int(tree.depths[bad])}")
     n_lookahead = tree.n_lookahead
     if isinstance(n_lookahead, bool) or not isinstance(n_lookahead, (int, np.integer)) or not 0 <= n_lookahead < n:
         raise InputError(f"tree.n_lookahead: expected an int in [0, {n - 1}] (the root is never a lookahead "
                          f"node), got {describe(n_lookahead)}")
-    if n_lookahead:
-        first = n - n_lookahead
-        window = tree.parents[first:]
-        wrong = np.flatnonzero((window != 0) & (window < first))
-        if wrong.size:
-            i = first + int(wrong[0])
-            raise InputError(f"tree: lookahead node {i} hangs below candidate {int(tree.parents[i])}; a lookahead "
-                             f"node's parent must be the root or another lookahead node (index >= {first})")
+    upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
+    K = kernels("draftcore.tree_kernels")
+    code, i = K.tree_error(tree.tokens, tree.parents, tree.depths, n_lookahead, upper)
+    if code == K.BAD_TOKEN:
+        raise InputError(f"tree.tokens: token id {int(tree.tokens[i])} (node {i}) is outside the vocabulary [0, {upper})")
+    if code == K.BAD_NODE:
+        raise InputError(
+            f"tree: malformed at node {i} (expected parents[0] == -1, 0 <= parents[i] < i, depths[0] == 0, "
+            f"depths[i] == depths[parents[i]] + 1): parent={int(tree.parents[i])}, depth={int(tree.depths[i])}")
+    if code == K.BAD_WINDOW:
+        raise InputError(f"tree: lookahead node {i} hangs below candidate {int(tree.parents[i])}; a lookahead "
+                         f"node's parent must be the root or another lookahead node (index >= {n - n_lookahead})")
     return tree
-
-
-def _first_bad_node(parents: np.ndarray, depths: np.ndarray) -> int:
-    """Index of the first node breaking the tree invariants, or -1."""
-    if parents[0] != -1 or depths[0] != 0:
-        return 0
-    p = parents[1:].astype(np.int64)
-    ok = (p >= 0) & (p < np.arange(1, parents.shape[0]))
-    ok[ok] = depths[1:][ok] == depths[p[ok]] + 1
-    bad = np.flatnonzero(~ok)
-    return int(bad[0]) + 1 if bad.size else -1
 
 
 def check_n_logits(n_logits, n_nodes: int) -> int:
@@ -87,21 +73,19 @@ def check_n_logits(n_logits, n_nodes: int) -> int:
 def check_path(path, tree: DraftTree) -> np.ndarray:
     """int32[k]: `path` as a root-first parent chain of `tree` (node indices), or InputError."""
     arr = np.asarray(path) if not isinstance(path, np.ndarray) else path
-    if arr.ndim != 1 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
+    if arr.ndim != 1 or arr.shape[0] == 0 or arr.dtype.kind not in "iu":
         raise InputError(f"path: expected a non-empty 1-D int32 array of tree node indices, got {describe(path)}")
-    n = len(tree)
-    if arr.min() < 0 or arr.max() >= n:
-        raise InputError(f"path: node indices must lie in [0, {n}) for the last verified tree, got {arr.tolist()}")
-    if arr[0] != 0:
-        raise InputError(f"path: must start at the root (node 0), got {arr.tolist()}")
-    arr = np.ascontiguousarray(arr, dtype=np.int32)
-    bad = np.flatnonzero(tree.parents[arr[1:]] != arr[:-1])
-    if bad.size:
-        i = int(bad[0]) + 1
-        raise InputError(f"path: node {int(arr[i])} at path[{i}] is not a child of path[{i - 1}] = "
-                         f"{int(arr[i - 1])} (its parent is {int(tree.parents[arr[i]])}); "
-                         f"expected a root-first parent chain, got {arr.tolist()}")
-    return arr
+    i = kernels("draftcore.tree_kernels").path_error(arr.astype(np.int64, copy=False), tree.parents)
+    if i >= 0:
+        n, node = len(tree), int(arr[i])
+        if not 0 <= node < n:
+            raise InputError(f"path: node indices must lie in [0, {n}) for the last verified tree, got {arr.tolist()}")
+        if i == 0:
+            raise InputError(f"path: must start at the root (node 0), got {arr.tolist()}")
+        raise InputError(f"path: node {node} at path[{i}] is not a child of path[{i - 1}] = {int(arr[i - 1])} "
+                         f"(its parent is {int(tree.parents[node])}); expected a root-first parent chain, "
+                         f"got {arr.tolist()}")
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def check_node_results(result, n_nodes: int, n_logits: int, vocab_size: int, where: str):
@@ -116,14 +100,14 @@ def check_node_results(result, n_nodes: int, n_logits: int, vocab_size: int, whe
         raise BackendError(f"{where}: expected a tuple (tokens int32[{n_nodes}], logits float32[{n_logits}, "
                            f"{vocab_size}]), got {describe(result)}")
     tokens, logits = result
-    if not isinstance(tokens, np.ndarray) or tokens.shape != (n_nodes,) or not np.issubdtype(tokens.dtype, np.integer):
+    if not isinstance(tokens, np.ndarray) or tokens.shape != (n_nodes,) or tokens.dtype.kind not in "iu":
         raise BackendError(f"{where}: expected tokens int32[{n_nodes}], got {describe(tokens)}")
     if tokens.min() < MISSING or tokens.max() >= vocab_size or tokens[:max(1, n_logits)].min() < 0:
         raise BackendError(f"{where}: token outside [0, {vocab_size}) (or -1 for a node not evaluated, never "
                            f"the root nor one of the first {n_logits} nodes, whose logits were asked for): "
                            f"{tokens.tolist()}")
     if (not isinstance(logits, np.ndarray) or logits.shape != (n_logits, vocab_size)
-            or not np.issubdtype(logits.dtype, np.floating)):
+            or logits.dtype.kind != "f"):
         raise BackendError(f"{where}: expected logits float32[{n_logits}, {vocab_size}], got {describe(logits)}")
     if n_logits and not np.isfinite(logits.max(axis=1)).all():
         # one reduction: NaN, +inf and an all -inf row all show in the row maxima

@@ -166,6 +166,6 @@ def _int32_vector(name, value) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise InputError(f"{name}: expected a 1-D int32 array, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and arr.dtype.kind not in "iu":
         raise InputError(f"{name}: expected dtype=int32, got {describe(arr)}")
     return np.ascontiguousarray(arr, dtype=np.int32)

@@ -28,7 +28,53 @@ def ancestor_mask(parents):
     return mask
 
 
+# What tree_error reports (draftcore.checks turns it into a message).
+TREE_OK, BAD_TOKEN, BAD_NODE, BAD_WINDOW = 0, 1, 2, 3
+
+
+@nb.njit(cache=True)
+def tree_error(tokens, parents, depths, n_lookahead, upper):
+    """(code, node) of the first broken invariant of a tree's arrays (equal lengths n >= 1 checked
+    by the caller), or (TREE_OK, -1): BAD_TOKEN a token outside [0, upper); BAD_NODE parents[0] !=
+    -1, depths[0] != 0, a parent not an earlier node, or a depth not its parent's + 1; BAD_WINDOW a
+    lookahead node (one of the last n_lookahead) whose parent is a candidate other than the root."""
+    n = tokens.shape[0]
+    for i in range(n):
+        if tokens[i] < 0 or tokens[i] >= upper:
+            return BAD_TOKEN, i
+    if parents[0] != -1 or depths[0] != 0:
+        return BAD_NODE, 0
+    first_lookahead = n - n_lookahead
+    for i in range(1, n):
+        p = parents[i]
+        if p < 0 or p >= i or depths[i] != depths[p] + 1:
+            return BAD_NODE, i
+        if i >= first_lookahead and 0 < p < first_lookahead:
+            return BAD_WINDOW, i
+    return TREE_OK, -1
+
+
+@nb.njit(cache=True)
+def path_error(path, parents):
+    """Index in `path` of the first entry that is not a node of the tree (outside [0, n)), not the
+    root (entry 0) or not a child of the entry before it; -1 when `path` is a root-first chain."""
+    n = parents.shape[0]
+    for i in range(path.shape[0]):
+        node = path[i]
+        if node < 0 or node >= n:
+            return i
+        if i == 0:
+            if node != 0:
+                return 0
+        elif parents[node] != path[i - 1]:
+            return i
+    return -1
+
+
 def warm_up() -> None:
     parents = np.array([-1, 0, 1, 0], np.int32)
-    depths_from_parents(parents)
+    depths = depths_from_parents(parents)
     ancestor_mask(parents)
+    tree_error(parents + 1, parents, depths, 1, 10)
+    path_error(np.array([0, 1], np.int32), parents)
+    path_error(np.array([0, 1], np.int64), parents)

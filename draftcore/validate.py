@@ -26,7 +26,7 @@ def token_array(name: str, value, vocab_size: int | None = None, allow_empty: bo
             arr = arr.astype(np.int32)
     if arr.ndim != 1:
         raise InputError(f"{name}: expected a 1-D array of token ids, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and arr.dtype.kind not in "iu":
         raise InputError(f"{name}: expected dtype=int32 token ids, got dtype={arr.dtype}")
     if arr.size == 0 and not allow_empty:
         raise InputError(f"{name}: expected at least one token id, got an empty array")

@@ -139,3 +139,47 @@ def test_auto_budget_is_kept_per_verifier_across_calls():
     draftcore.speculate(first, prompt, max_new_tokens=20)              # the bare call: the same budget
     assert draftcore.Session.of(first).budget is policy and policy._step > steps_after_one  # and carried on
     assert draftcore.Session.of(second).budget is not policy and draftcore.Session.of(second).budget._step == 0
+
+
+def test_exploration_backs_off_while_the_choice_holds():
+    """Once the cheapest size is settled, re-measuring a neighbour gets rarer (backoff 2, up to 16x),
+    so a workload where drafting never pays pays for fewer exploratory drafts; with backoff 1 it
+    explores every 16 steps for ever."""
+    def explorations(policy, steps=2000):
+        drafted = 0
+        for step in range(steps):
+            tree = chain(64, 0.3)
+            k = policy.choose(tree)
+            verified = tree.with_candidates(k)
+            policy.observe(verified, np.zeros(1, np.int32), cost_of(len(verified)))
+            drafted += step >= steps // 2 and k > 0
+        return drafted
+
+    backed_off = explorations(CostAwareBudget())
+    fixed = explorations(CostAwareBudget(explore_backoff=1))
+    assert fixed >= 25 and backed_off <= fixed / 4, (backed_off, fixed)
+
+
+def test_memory_lets_acceptance_follow_a_workload_change():
+    """3 candidates always accepted for 1500 steps, then none: with a memory the budget returns to
+    no draft within a few hundred steps; without one the old evidence keeps it drafting longer."""
+    def steps_until_plain(policy):
+        drive(policy, 1500, n_accepted=3)
+        for step in range(4000):
+            tree = chain(64, 0.3)
+            k = policy.choose(tree)
+            verified = tree.with_candidates(k)
+            policy.observe(verified, np.zeros(1, np.int32), cost_of(len(verified)))
+            if k == 0 and policy.choose(chain(64, 0.3)) == 0:
+                return step
+        return 4000
+
+    remembering = steps_until_plain(CostAwareBudget(memory=300))
+    forgetting_nothing = steps_until_plain(CostAwareBudget(memory=None))
+    assert remembering < forgetting_nothing, (remembering, forgetting_nothing)
+
+
+@pytest.mark.parametrize("kwargs", [dict(explore_backoff=0), dict(memory=0.5), dict(memory="long")])
+def test_bad_adaptation_settings_are_refused(kwargs):
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        CostAwareBudget(**kwargs)
