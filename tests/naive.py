@@ -194,8 +194,11 @@ class NaiveTrie:
 
     def _end_request(self, stream, n_prompt, keep_prompt) -> None:
         """Walk every branch of the request: a prompt branch gives back one PROMPT count per node
-        (not below 0; with keep_prompt it becomes an OUTPUT count), every branch zeroes RECENT.
-        Then prune."""
+        (not below 0; with keep_prompt it becomes an OUTPUT count), every branch zeroes RECENT; a
+        walk stops at a node whose PROMPT + OUTPUT fell below 1. Then, for each parent of such a
+        node that is still in the trie, every child below 1 is freed with everything below it
+        (a local prune: nothing else in the trie is looked at)."""
+        touched = []  # token paths of the parents
         for s in range(len(stream)):
             node = self.root
             for q in range(s, min(s + self.branch_length, len(stream))):
@@ -207,7 +210,18 @@ class NaiveTrie:
                     if keep_prompt:
                         node.output = F32(node.output + F32(1.0))
                 node.recent = F32(0.0)
-        self._prune()
+                if node.total() < 1.0:
+                    touched.append(stream[s:q])
+                    break
+        for path in touched:
+            parent = self.find(path)
+            if parent is None:
+                continue  # freed with an ancestor
+            for token, child in list(parent.children.items()):
+                if child.total() < 1.0:
+                    self.n_nodes -= child.size()
+                    del parent.children[token]
+        self.n_prunes += 1
 
     # -- retrieval --------------------------------------------------------------------------------
     def propose(self, context, budget: int):

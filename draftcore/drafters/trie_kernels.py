@@ -39,8 +39,8 @@ stream[s..p-1] is front[p-1-s], so a token costs branch_length child look-ups, n
 RECENT repeats the OUTPUT counts of the request in progress (RECENT <= OUTPUT), so the request's
 own text — prompt and output — can be weighted above the history of earlier requests:
     weight w = prompt_weight * PROMPT + recent_weight * RECENT + OUTPUT
-At the end of a request its PROMPT counts are removed (branch eliminating) and RECENT is zeroed;
-OUTPUT counts persist across requests.
+At the end of a request its PROMPT counts are removed (branch eliminating), RECENT is zeroed and
+the nodes of its branches that fell below 1 are freed; OUTPUT counts persist across requests.
 
 Capacity. A token creates at most branch_length nodes. Before each token, if fewer are free, OUTPUT
 and RECENT are halved and every node whose PROMPT + OUTPUT falls below 1 is freed with its subtree
@@ -291,14 +291,17 @@ def extend(state, settings, stream):
 def end_request(state, settings, stream, keep_prompt):
     """Branch eliminating: walk every branch of stream.tokens[:end], remove the PROMPT counts of the
     counted prompt branches (with `keep_prompt` they become OUTPUT counts instead) and zero RECENT;
-    then free what fell below 1."""
+    then free what fell below 1 on those branches (a local prune: the child lists the walk touched,
+    not the whole pool, so a request's end costs its own length, not the pool's size)."""
     links, freq, root, tokens = state.links, state.freq, state.root, stream.tokens
     branch_length, n_stream = state.front.shape[0], stream.end
+    touched = [ROOT][:0]  # parents of nodes that fell below 1 (ROOT included), typed int64
     for s in range(n_stream):
         counted_prompt = stream.count_from <= s < stream.n_prompt
         node = ROOT
         for q in range(s, min(s + branch_length, n_stream)):
-            node = _child(links, root, node, tokens[q])
+            parent = node
+            node = _child(links, root, parent, tokens[q])
             if node < 0:
                 break
             if counted_prompt:
@@ -306,8 +309,30 @@ def end_request(state, settings, stream, keep_prompt):
                 if keep_prompt:
                     freq[node, OUTPUT] += 1.0
             freq[node, RECENT] = 0.0
-    _prune(state)
+            # Prompt walks come first and only lower counts (or, with keep_prompt, never lower
+            # them), so a node below 1 here stays below 1: it goes with its subtree, and the rest
+            # of this walk lies in that subtree.
+            if freq[node, PROMPT] + freq[node, OUTPUT] < 1.0:
+                touched.append(parent)
+                break
+    _prune_lists(state, touched)
     refresh_top(state, settings)
+
+
+@nb.njit(cache=True)
+def _prune_lists(state, parents):
+    """Free the children below 1 (with their subtrees) of each node in `parents` (ROOT: the root's
+    children) that is still live; counts as one prune pass."""
+    links, meta = state.links, state.meta
+    root_done = False
+    for parent in parents:
+        if parent == ROOT:
+            if not root_done:
+                meta[ROOT_FIRST] = _sweep_children(state, meta[ROOT_FIRST])
+                root_done = True
+        elif links[parent, PARENT] != FREE:
+            links[parent, CHILD] = _sweep_children(state, links[parent, CHILD])
+    meta[N_PRUNES] += 1
 
 
 # -- retrieval -----------------------------------------------------------------------------------
