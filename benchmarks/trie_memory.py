@@ -17,13 +17,13 @@ def main(total_tokens=1_000_000, capacity=1 << 16, request_tokens=2_000, chunk=4
     while inserted < total_tokens:
         parts = [phrases[i] for i in rng.zipf(1.3, 200) % len(phrases)]
         stream = np.concatenate(parts)[:request_tokens]
-        drafter.start(stream[:100])
+        request = drafter.start(stream[:100])
         for i in range(100, stream.shape[0], chunk):
-            drafter.update(stream[i:i + chunk])
-            drafter.propose(stream[:i + chunk], 32)
+            request.update(stream[i:i + chunk])
+            request.propose(stream[:i + chunk], 32)
             max_nodes = max(max_nodes, drafter.n_nodes)
             assert drafter.n_nodes <= capacity
-        drafter.finish()
+        request.finish()
         inserted += stream.shape[0]
     drafter.check_integrity()
     seconds = time.perf_counter() - t0

@@ -1,8 +1,8 @@
 """Drafting time per decode step: the jitted trie vs the naive pure-Python reference (tests/naive.py),
 on the same stream — the 80 real SmolLM2 traces replayed in file order, trie carried across them.
 
-A step's drafting time is what the decode loop measures: drafter.update(accepted tokens) plus
-drafter.propose(context, decoding_length). Both drafters see the same steps (the replay's accepted
+A step's drafting time is what the decode loop measures: request.update(accepted tokens) plus
+request.propose(context, decoding_length). Both drafters see the same steps (the replay's accepted
 lengths come from the trace, and both produce the same trees, so the steps are identical).
 """
 import argparse

@@ -10,9 +10,9 @@ Backends live in draftcore.adapters.<backend> and import their framework when th
 themselves; the benchmark harness and the CLI live in draftcore.tools.
 """
 from .budget import CostAwareBudget, FixedBudget
-from .drafters.trie import TrieDrafter
-from .errors import BackendError, ConfigError, DraftcoreError, InputError
-from .protocols import Drafter, Verifier
+from .drafters.trie import TrieDrafter, TrieRequest
+from .errors import BackendError, BusyError, ConfigError, DraftcoreError, InputError
+from .protocols import Drafter, DraftRequest, Verifier
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams
 from .session import Session
@@ -23,6 +23,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "speculate", "speculate_stream", "SpeculationStream", "Session", "SpeculateResult", "SpeculateStats",
-    "SamplingParams", "DraftTree", "Verifier", "Drafter", "TrieDrafter", "FixedBudget", "CostAwareBudget",
-    "DraftcoreError", "ConfigError", "InputError", "BackendError",
+    "SamplingParams", "DraftTree", "Verifier", "Drafter", "DraftRequest", "TrieDrafter", "TrieRequest", "FixedBudget", "CostAwareBudget",
+    "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError",
 ]

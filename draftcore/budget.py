@@ -28,6 +28,8 @@ from .validate import positive_float, positive_int
 class FixedBudget:
     """Verify up to `n` drafted nodes every step (the paper's decoding_length)."""
 
+    concurrent_requests = True  # no state: any number of requests may share one
+
     def __init__(self, n: int):
         self.n = positive_int("budget", n, minimum=0)
 

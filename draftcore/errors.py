@@ -17,6 +17,11 @@ class InputError(DraftcoreError, ValueError):
     """A call got data of the wrong type, dtype, shape or range (prompt, tree, saved file)."""
 
 
+class BusyError(DraftcoreError, RuntimeError):
+    """An object that serves one request at a time is serving another (a verifier, a single-request
+    drafter), or a shared one has no room for another (a TrieDrafter's max_requests)."""
+
+
 class BackendError(DraftcoreError, RuntimeError):
     """A verifier (backend) misbehaved: wrong output shape, a model that ignores the tree mask, ..."""
 

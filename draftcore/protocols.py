@@ -10,9 +10,11 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
     Verifier.max_tree_leaves  int   most leaves one tree may have (llama.cpp: n_seq_max - 1); default none
     Verifier.encode(text)     -> int32[T]   both present: `speculate` accepts and returns text
     Verifier.decode(ids)      -> str
-    Drafter.observe(tree, node_tokens, path)     feedback from every verify (below)
-    Drafter.returns_valid_trees  bool   True: `speculate` skips its check of the drafter's trees
-                                        (draftcore's own drafters build them valid)
+    DraftRequest.observe(tree, node_tokens, path)  feedback from every verify (below)
+    DraftRequest.returns_valid_trees  bool  True: `speculate` skips its check of the trees
+                                            (draftcore's own drafters build them valid)
+    Drafter.concurrent_requests  bool   True: concurrent requests may share it (below); speculate
+                                        claims any drafter or budget policy that does not say so
 
 Errors, the same in every backend: `InputError` for a call's arguments or call order (a bad
 `n_logits`, a path that is not in the last tree, verify before prefill) — refused before any state
@@ -74,10 +76,28 @@ class Verifier(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A source of draft trees.
+    """A source of draft trees, and the sharing contract every drafter keeps.
 
-    A drafter that lives across requests (the trie) is kept by the caller (or by the verifier's
-    `draftcore.Session`) and passed to every `speculate` call; it keeps learning from each request.
+    `start(prompt)` begins a request and returns its handle: an object with `propose`, `update`,
+    `finish` and optionally `observe` (the `DraftRequest` below), holding that request's own state —
+    its token stream, its prompt branches and their counts, a Jacobi window, an n-gram cursor —
+    keyed by request, as serving engines key their suffix caches by request id. What persists
+    across requests (the trie's output branches, an n-gram pool) lives in the drafter and is
+    updated under the drafter's own lock. A drafter that keeps this contract declares
+    `concurrent_requests = True`: any number of requests, from any threads, may then be in
+    progress on it at once (TrieDrafter does).
+
+    A simpler drafter may return None from `start` and serve the request itself (propose, update,
+    finish on the drafter). It serves one request at a time: `speculate` claims it for the
+    request's lifetime and a second concurrent request gets a `BusyError`, never a corrupted draft.
+    """
+
+    def start(self, prompt: np.ndarray) -> "DraftRequest | None":
+        """A new request begins with `prompt` (int32[T]); returns its handle (or None, above)."""
+
+
+class DraftRequest(Protocol):
+    """One request's drafting, from `Drafter.start`. Used by one decode loop (one thread at a time).
 
     Optional: observe(tree, node_tokens, path) — called after every verify, once the step's path is
     committed and before `update` receives its tokens, with
@@ -88,11 +108,8 @@ class Drafter(Protocol):
                      backend did not evaluate a node
         path         int32[k]: the accepted root-to-candidate path (node indices, root first)
     The model's token at a node is a real continuation of that node's prefix, accepted or not:
-    a Jacobi window grows its n-gram pool from them. A drafter without `observe` is unaffected.
+    a Jacobi window grows its n-gram pool from them. A request without `observe` is unaffected.
     """
-
-    def start(self, prompt: np.ndarray) -> None:
-        """A new request begins with `prompt` (int32[T])."""
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         """Return a tree of at most `budget` drafted candidates (plus the root, plus any lookahead
@@ -100,11 +117,14 @@ class Drafter(Protocol):
 
         `context` is int32[m]: prompt + accepted tokens, ending with the root token
         (context[-1] == tree.tokens[0]). Candidates come first, best first (every prefix of them is
-        the best draft of its size); a root-only tree means "no draft".
+        the best draft of its size); a root-only tree means "no draft". The tree owns its arrays:
+        nothing another request does may change it.
         """
 
     def update(self, tokens: np.ndarray) -> None:
         """`tokens` (int32[k]) were just accepted and appended to the context."""
 
     def finish(self) -> None:
-        """The request ended (forget per-request state, keep what should persist)."""
+        """The request ended: drop its own state (its prompt branches, nobody else's), keep what
+        should persist. Idempotent. A request dropped without `finish` (a stream collected
+        unfinished) must end only itself, whenever and in whatever thread that happens."""

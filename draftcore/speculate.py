@@ -2,13 +2,16 @@
 
     prompt ──prefill──▶ first token t
     repeat:
-      tree          = drafter.propose(context, budget)   root = t (accepted, not yet in the KV cache)
+      tree          = request.propose(context, budget)   root = t (accepted, not yet in the KV cache)
       tokens, logits = verifier.verify(tree, n_logits)   one forward over every node, tree-masked
       path, next    = rule.accept(tree, tokens, logits)  longest agreed root-to-candidate path + one model token
       verifier.commit(path)                              the path's KV is kept, every other node's dropped
-      drafter.observe(tree, tokens, path)                optional: the model's token at EVERY node
-      emit path[1:] tokens + next; drafter.update(them); t = next
+      request.observe(tree, tokens, path)                optional: the model's token at EVERY node
+      emit path[1:] tokens + next; request.update(them); t = next
     until eos / stop sequence / max_new_tokens
+
+(`request` is what `drafter.start(prompt)` returned: the request's own drafting state; a drafter
+whose start returns None serves the request itself.)
 
 One loop for every acceptance rule (`draftcore.sampling`): greedy asks the verifier for no logits (it
 returns every node's argmax, computed where the logits live); sampling, and greedy with penalties,
@@ -17,12 +20,14 @@ asks for the candidates' logits, processes each row for its own prefix and accep
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .budget import as_budget_policy
 from .checks import VerifierLimits, check_node_results, check_tree
+from .claims import BUDGET_ADVICE, DRAFTER_ADVICE, VERIFIER_ADVICE, Claim, serves_many
 from .errors import BackendError, ConfigError, InputError, describe
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams, as_sampling_params, make_rule
@@ -30,7 +35,8 @@ from .session import Session
 from .tree import DraftTree
 from .validate import positive_int, token_array
 
-_DRAFTER_METHODS = ("start", "propose", "update", "finish")
+_REQUEST_METHODS = ("propose", "update", "finish")
+_FIRST_CONTEXT = 1024  # context buffer tokens after the prompt; it doubles as tokens arrive
 
 
 def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None, eos_token_id=None,
@@ -58,23 +64,105 @@ def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budg
     stream = speculate_stream(verifier, prompt, max_new_tokens=max_new_tokens, drafter=drafter, budget=budget,
                               eos_token_id=eos_token_id, stop_sequences=stop_sequences, sampling=sampling,
                               clock=clock)
-    for _ in stream:
-        pass
+    with stream:
+        for _ in stream:
+            pass
     return stream.result
 
 
 class SpeculationStream:
-    """Iterates over int32 arrays of newly accepted tokens; `.result` is set once exhausted."""
+    """Iterates over int32 arrays of newly accepted tokens; `.result` is set once exhausted.
 
-    def __init__(self, generator: Iterator[np.ndarray]):
+    Lifetime. A stream holds its request from creation: the verifier (and a drafter or budget
+    policy that serves one request at a time) is claimed until the stream is exhausted, raises,
+    is closed, or is garbage-collected; while it is held, another request on the same verifier
+    raises `BusyError`. A server should close streams it abandons (a client that disconnects) —
+    `with draftcore.speculate_stream(...) as stream:` does it on exit — rather than wait for the
+    garbage collector. Closing or collecting a stream ends that stream's request only: a drafter
+    shared with other requests keeps serving them."""
+
+    def __init__(self, generator: Iterator[np.ndarray], lifetime: "_Lifetime"):
         self._generator = generator
+        self._lifetime = lifetime
         self.result: SpeculateResult | None = None
+        # Collected unfinished: release the claims; the request's own finalizer (a TrieRequest's)
+        # has the drafter end it at its next call, in whatever thread makes it.
+        self._finalizer = weakref.finalize(self, lifetime.abandon)
 
     def __iter__(self):
-        result = yield from self._generator
-        if result is not None:  # a second iteration finds the generator exhausted: keep the result
-            self.result = result
-        return self.result
+        return self
+
+    def __next__(self) -> np.ndarray:
+        try:
+            return next(self._generator)
+        except StopIteration as stop:
+            if stop.value is not None:  # a second iteration finds the generator exhausted: keep the result
+                self.result = stop.value
+            self._end()
+            raise StopIteration from None
+        except BaseException:
+            self._end()
+            raise
+
+    def close(self) -> None:
+        """End the request now (finished or not): its drafter state and claims are released."""
+        self._generator.close()
+        self._end()
+
+    def __enter__(self) -> "SpeculationStream":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _end(self) -> None:
+        self._finalizer.detach()
+        self._lifetime.end()
+
+
+class _Lifetime:
+    """What a stream holds: its claims, then (once decoding starts) its drafter request."""
+
+    def __init__(self, claims: list):
+        self.claims = claims
+        self.request = None
+        self.request_is_drafter = False
+
+    def start(self, drafter, prompt):
+        """drafter.start(prompt): the request's own handle, or the drafter itself when it returns None."""
+        request = drafter.start(prompt)
+        if request is None:
+            request, self.request_is_drafter = drafter, True
+        self.request = request
+        missing = [m for m in _REQUEST_METHODS if not callable(getattr(request, m, None))]
+        if missing:
+            raise ConfigError(f"drafter: {describe(drafter)}.start(prompt) returned {describe(request)}, which lacks "
+                              f"{missing}; expected None or a request with propose(context, budget), "
+                              f"update(tokens) and finish()")
+        return request
+
+    def end(self) -> None:
+        """The request ended (normally, by an error, or closed): finish it, then release the claims."""
+        request, self.request = self.request, None
+        try:
+            if request is not None and callable(getattr(request, "finish", None)):
+                request.finish()
+        finally:
+            self._release()
+
+    def abandon(self) -> None:
+        """The stream was collected unfinished. A request of its own is dropped (a TrieRequest's
+        finalizer has the drafter end it); a drafter serving the request itself is finished here."""
+        request, self.request = self.request, None
+        try:
+            if request is not None and self.request_is_drafter:
+                request.finish()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        for claim in self.claims:
+            claim.release()
 
 
 def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None,
@@ -82,7 +170,8 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
                      sampling: SamplingParams | dict | None = None, clock=None) -> SpeculationStream:
     """Streaming twin of `speculate`: iterate to receive tokens as they are accepted.
 
-    Every argument is validated here, before any verifier or drafter state changes.
+    Every argument is validated here, before any verifier or drafter state changes; then the
+    verifier is claimed for this request (see `SpeculationStream` for the lifetime).
     """
     was_text = isinstance(prompt, str)
     if was_text:
@@ -91,11 +180,15 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
         prompt = verifier.encode(prompt)
     limits = VerifierLimits.of(verifier)
     prompt = token_array("prompt", prompt, vocab_size=limits.vocab_size)
+    if prompt.shape[0] >= limits.max_context:
+        raise InputError(f"prompt: {prompt.shape[0]} tokens; expected fewer than the verifier's max_context "
+                         f"{limits.max_context} (the prompt and at least one new token must fit)")
     max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
     if prompt.shape[0] + max_new_tokens > limits.max_context:
         raise InputError(
             f"max_new_tokens: prompt ({prompt.shape[0]} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{prompt.shape[0] + max_new_tokens} exceeds the verifier's max_context {limits.max_context}")
+            f"{prompt.shape[0] + max_new_tokens} exceeds the verifier's max_context {limits.max_context}; "
+            f"expected at most {limits.max_context - prompt.shape[0]}")
     stops = _Stops(eos_token_id, stop_sequences, limits.vocab_size)
     rule = make_rule(as_sampling_params(sampling), limits.vocab_size)
     if clock is None:
@@ -107,87 +200,110 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
         drafter = session.drafter if drafter is None else drafter
         budget = session.budget if budget is None or isinstance(budget, str) and budget == "auto" else budget
     policy = as_budget_policy(budget)
-    missing = [m for m in _DRAFTER_METHODS if not callable(getattr(drafter, m, None))]
+    shared = serves_many(drafter)
+    needed = ("start",) if shared else ("start",) + _REQUEST_METHODS
+    missing = [m for m in needed if not callable(getattr(drafter, m, None))]
     if missing:
         raise ConfigError(f"drafter: {describe(drafter)} lacks the Drafter method(s) {missing}; expected "
-                          f"start(prompt), propose(context, budget), update(tokens), finish()")
-    generator = _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text)
-    return SpeculationStream(generator)
+                          f"start(prompt) returning a request (propose(context, budget), update(tokens), "
+                          f"finish()), or None with those methods on the drafter itself")
+    claims = []
+    try:
+        claims.append(Claim(verifier, "verifier", VERIFIER_ADVICE))
+        if not shared:
+            claims.append(Claim(drafter, "drafter", DRAFTER_ADVICE))
+        if not serves_many(policy):
+            claims.append(Claim(policy, "budget", BUDGET_ADVICE))
+    except BaseException:
+        for claim in claims:
+            claim.release()
+        raise
+    lifetime = _Lifetime(claims)
+    generator = _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text,
+                        lifetime)
+    return SpeculationStream(generator, lifetime)
 
 
-def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text):
+def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text, lifetime):
+    """The loop; the stream that drives it finishes the drafter request and releases the claims."""
     stats = SpeculateStats()
     n_prompt = prompt.shape[0]
-    context = np.empty(n_prompt + max_new_tokens, np.int32)  # prompt + generated; grows in place
+    # prompt + generated; grows as tokens arrive (max_new_tokens may be far more than is generated)
+    context = np.empty(n_prompt + min(max_new_tokens, _FIRST_CONTEXT), np.int32)
     context[:n_prompt] = prompt
     n_context = n_prompt
     vocab_size = limits.vocab_size
-    # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
-    trusted = getattr(drafter, "returns_valid_trees", False) is True
-    observe = getattr(drafter, "observe", None)
     t_start = clock()
-    drafter.start(prompt)
+    request = lifetime.start(drafter, prompt)
+    # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
+    trusted = getattr(request, "returns_valid_trees", False) is True
+    observe = getattr(request, "observe", None)
     rule.start(prompt)
-    try:
-        tokens, logits = check_node_results(verifier.prefill(prompt, rule.prefill_logits), 1, rule.prefill_logits,
-                                            vocab_size, "verifier.prefill")
-        emitted = np.array([rule.first(tokens, logits)], np.int32)
-        stats.time_prefill = clock() - t_start
-        stats.steps = 1
-        while True:
-            emitted, stop_reason = stops.cut(emitted, context, n_context, n_prompt, max_new_tokens)
-            context[n_context:n_context + emitted.shape[0]] = emitted
-            n_context += emitted.shape[0]
-            stats.new_tokens = n_context - n_prompt
-            yield emitted
-            if stop_reason is not None:
-                break
-            rule.update(emitted)
-            t0 = clock()
-            drafter.update(emitted)
-            tree = _draft(drafter, policy, context[:n_context], limits, verifier.n_past,
-                          max_new_tokens - stats.new_tokens, trusted)
-            t1 = clock()
-            n_logits = rule.n_logits(tree)
-            tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits, vocab_size,
-                                                "verifier.verify")
-            t2 = clock()
-            path, next_token = rule.accept(tree, tokens, logits)
-            verifier.commit(path)
-            t3 = clock()
-            if observe is not None:
-                observe(tree, tokens, path)
-            t4 = clock()
-            # The whole step is the price of this tree size, not the verify alone: drafting, and a
-            # commit that leaves the backend's preferred branch (llama.cpp re-decodes the path's
-            # tail) grow with the tree, and a fixed per-step host cost weighs more on a fast GPU.
-            policy.observe(tree, path, t4 - t0)
-            n_accepted = path.shape[0] - 1
-            stats.record_step(tree, n_accepted, (t1 - t0) + (t4 - t3), t2 - t1, t3 - t2)
-            emitted = np.empty(n_accepted + 1, np.int32)
-            emitted[:n_accepted] = tree.tokens[path[1:]]
-            emitted[n_accepted] = next_token
-    finally:
-        drafter.finish()
-        stats.time_total = clock() - t_start
+    tokens, logits = check_node_results(verifier.prefill(prompt, rule.prefill_logits), 1, rule.prefill_logits,
+                                        vocab_size, "verifier.prefill")
+    emitted = np.array([rule.first(tokens, logits)], np.int32)
+    stats.time_prefill = clock() - t_start
+    stats.steps = 1
+    while True:
+        emitted, stop_reason = stops.cut(emitted, context, n_context, n_prompt, max_new_tokens)
+        if n_context + emitted.shape[0] > context.shape[0]:
+            context = _grown(context, n_context, n_context + emitted.shape[0])
+        context[n_context:n_context + emitted.shape[0]] = emitted
+        n_context += emitted.shape[0]
+        stats.new_tokens = n_context - n_prompt
+        yield emitted
+        if stop_reason is not None:
+            break
+        rule.update(emitted)
+        t0 = clock()
+        request.update(emitted)
+        tree = _draft(request, policy, context[:n_context], limits, verifier.n_past,
+                      max_new_tokens - stats.new_tokens, trusted)
+        t1 = clock()
+        n_logits = rule.n_logits(tree)
+        tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits, vocab_size,
+                                            "verifier.verify")
+        t2 = clock()
+        path, next_token = rule.accept(tree, tokens, logits)
+        verifier.commit(path)
+        t3 = clock()
+        if observe is not None:
+            observe(tree, tokens, path)
+        t4 = clock()
+        # The whole step is the price of this tree size, not the verify alone: drafting, and a
+        # commit that leaves the backend's preferred branch (llama.cpp re-decodes the path's
+        # tail) grow with the tree, and a fixed per-step host cost weighs more on a fast GPU.
+        policy.observe(tree, path, t4 - t0)
+        n_accepted = path.shape[0] - 1
+        stats.record_step(tree, n_accepted, (t1 - t0) + (t4 - t3), t2 - t1, t3 - t2)
+        emitted = np.empty(n_accepted + 1, np.int32)
+        emitted[:n_accepted] = tree.tokens[path[1:]]
+        emitted[n_accepted] = next_token
+    stats.time_total = clock() - t_start
     tokens = context[n_prompt:n_context].copy()
     text = verifier.decode(tokens) if was_text and callable(getattr(verifier, "decode", None)) else None
     return SpeculateResult(tokens=tokens, stop_reason=stop_reason, stats=stats, text=text, seed=rule.seed)
 
 
-def _draft(drafter, policy, context, limits, n_past, tokens_wanted, trusted) -> DraftTree:
+def _grown(context: np.ndarray, n_context: int, needed: int) -> np.ndarray:
+    grown = np.empty(max(2 * context.shape[0], needed), np.int32)
+    grown[:n_context] = context[:n_context]
+    return grown
+
+
+def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted) -> DraftTree:
     """The tree to verify this step: the drafter's proposal, its candidates cut to the policy's
     choice and to what one verify holds (nodes, cache cells, leaves); a lookahead window that does
     not fit is dropped whole, never cut."""
     root = int(context[-1])
     cells = min(limits.max_context - n_past, limits.max_tree_nodes)   # nodes one verify may hold
     room = min(tokens_wanted - 1, cells - 1)                          # candidates worth drafting
-    request = min(policy.request_size(), room)
-    if request <= 0:
+    size = min(policy.request_size(), room)
+    if size <= 0:
         return DraftTree.root_only(root)
-    tree = drafter.propose(context, request)
+    tree = request.propose(context, size)
     if not trusted:
-        _check_proposal(tree, root, request, limits.vocab_size)
+        _check_proposal(tree, root, size, limits.vocab_size)
     if tree.n_lookahead and (1 + tree.n_lookahead > cells or (
             limits.max_tree_leaves is not None and _leaf_counts(tree)[1] > limits.max_tree_leaves)):
         tree = tree.without_lookahead()

@@ -23,9 +23,10 @@ TOP_K = 64              # draftcore.drafters.trie_kernels.TOP_K: stage-0 candida
 
 # -- the trie ---------------------------------------------------------------------------------------
 class Node:
-    """One trie node: children by token (in creation order) and three float32 counts."""
+    """One trie node: children by token (in creation order), three float32 counts (PROMPT and
+    RECENT: the sums over requests in progress) and each request's own [PROMPT, RECENT]."""
 
-    __slots__ = ("token", "children", "prompt", "output", "recent")
+    __slots__ = ("token", "children", "prompt", "output", "recent", "own")
 
     def __init__(self, token: int):
         self.token = token
@@ -33,6 +34,10 @@ class Node:
         self.prompt = F32(0.0)
         self.output = F32(0.0)
         self.recent = F32(0.0)
+        self.own: dict[int, list] = {}  # request id -> [PROMPT, RECENT] of that request
+
+    def own_counts(self, request) -> list:
+        return self.own.setdefault(request.id, [F32(0.0), F32(0.0)])
 
     def total(self):
         return self.prompt + self.output  # float32 + float32, like the pool; RECENT does not count
@@ -45,11 +50,58 @@ class Node:
         return 1 + sum(c.size() for c in self.children.values())
 
 
+class NaiveRequest:
+    """One request in progress on a NaiveTrie (NaiveTrie.open): update, propose, finish."""
+
+    def __init__(self, trie: "NaiveTrie", prompt, request_id: int):
+        self.trie, self.id = trie, request_id
+        self.stream = [int(t) for t in prompt]
+        self.n_prompt = self.n_counted = len(self.stream)
+        self.ended = False
+
+    def update(self, tokens) -> None:
+        """Append tokens; like TrieRequest, they are counted at the next propose or at finish."""
+        assert not self.ended
+        self.stream += [int(t) for t in tokens]
+
+    def count(self) -> None:
+        trie = self.trie
+        begin, self.n_counted = self.n_counted, len(self.stream)
+        if trie.insert_output and begin < len(self.stream):
+            # Without prompt branches, branches that start inside the prompt are not counted at all.
+            first_start = 0 if trie.insert_prompt else self.n_prompt
+            trie._extend(self, self.stream, begin, len(self.stream), self.n_prompt, first_start)
+
+    def propose(self, context, budget: int):
+        assert not self.ended
+        self.count()
+        return self.trie._propose(self, context, budget)
+
+    def finish(self) -> None:
+        if self.ended:
+            return
+        self.count()
+        trie = self.trie
+        trie._end_request(self, self.stream, self.n_prompt if trie.insert_prompt else 0,
+                          keep_prompt=not trie.eliminate_prompt)
+        self.ended = True
+        trie.live.remove(self)
+
+
+class _NoRequest:
+    id = -1
+
+
+_NO_REQUEST = _NoRequest()
+
+
 class NaiveTrie:
     """The trie drafter's rules, written the long way (see trie_kernels' module docstring).
 
-    Requests: start(prompt) → update(tokens)* / propose(context, budget)* → finish().
-    propose returns (tokens, parents, depths, scores) as lists; scores are np.float32.
+    Requests, any number at once: open(prompt) -> a NaiveRequest (update / propose / finish).
+    The one-request-at-a-time calls start(prompt) → update(tokens)* / propose(context, budget)* →
+    finish() drive one request of their own. propose returns (tokens, parents, depths, scores) as
+    lists; scores are np.float32.
     """
 
     def __init__(self, capacity: int, branch_length: int, max_match: int = 8, prompt_weight: float = 16.0,
@@ -67,50 +119,60 @@ class NaiveTrie:
         self.root = Node(-1)
         self.n_nodes = 0
         self.n_prunes = 0
-        self.stream: list[int] = []
-        self.n_prompt = 0
-        self.active = False
+        self.live: list[NaiveRequest] = []
+        self.n_opened = 0
+        self.current: NaiveRequest | None = None
 
     # -- requests ---------------------------------------------------------------------------------
-    def start(self, prompt) -> None:
-        if self.active:
-            self.finish()
-        self.stream = [int(t) for t in prompt]
-        self.n_prompt = len(self.stream)
-        self.active = True
+    def open(self, prompt) -> NaiveRequest:
+        request = NaiveRequest(self, prompt, self.n_opened)
+        self.n_opened += 1
+        self.live.append(request)
         if self.insert_prompt:
-            self._extend(self.stream, 0, len(self.stream), self.n_prompt)
+            self._extend(request, request.stream, 0, len(request.stream), request.n_prompt)
+        return request
+
+    def start(self, prompt) -> None:
+        if self.current is not None:
+            self.current.finish()
+        self.current = self.open(prompt)
 
     def update(self, tokens) -> None:
-        assert self.active
-        begin = len(self.stream)
-        self.stream += [int(t) for t in tokens]
-        if self.insert_output:
-            # Without prompt branches, branches that start inside the prompt are not counted at all.
-            first_start = 0 if self.insert_prompt else self.n_prompt
-            self._extend(self.stream, begin, len(self.stream), self.n_prompt, first_start)
+        self.current.update(tokens)
+
+    def propose(self, context, budget: int):
+        """The current request's draft, or, with none, a one-off draft that no request's own counts
+        weigh in (TrieDrafter.propose)."""
+        if self.current is None:
+            return self._propose(_NO_REQUEST, context, budget)
+        return self.current.propose(context, budget)
 
     def finish(self) -> None:
-        if not self.active:
-            return
-        self._end_request(self.stream, self.n_prompt if self.insert_prompt else 0,
-                          keep_prompt=not self.eliminate_prompt)
-        self.active = False
-        self.stream, self.n_prompt = [], 0
+        if self.current is not None:
+            self.current.finish()
+        self.current = None
 
     def warm_up(self, sequences) -> None:
-        """Each sequence: a finished request that was all output."""
+        """Each sequence: a finished request that was all output (whatever insert_output says)."""
         for seq in sequences:
+            request = self.open([])
             seq = [int(t) for t in seq]
-            self._extend(seq, 0, len(seq), 0)
-            self._end_request(seq, 0, keep_prompt=False)
+            request.stream = seq
+            request.n_counted = len(seq)
+            self._extend(request, seq, 0, len(seq), 0)
+            request.finish()
 
     def node_count(self) -> int:
         return self.n_nodes
 
-    def weight(self, node) -> float:
-        """w = prompt_weight * PROMPT + recent_weight * RECENT + OUTPUT, in float64 like the kernel."""
-        return self.prompt_weight * float(node.prompt) + self.recent_weight * float(node.recent) + float(node.output)
+    def weight(self, node, request=None) -> float:
+        """w = prompt_weight * PROMPT + recent_weight * RECENT + OUTPUT, in float64 like the kernel:
+        PROMPT and RECENT the request's own, or (request None: stage 0) the sums over requests."""
+        if request is None:
+            prompt, recent = node.prompt, node.recent
+        else:
+            prompt, recent = node.own.get(request.id, (F32(0.0), F32(0.0)))
+        return self.prompt_weight * float(prompt) + self.recent_weight * float(recent) + float(node.output)
 
     # -- counting ---------------------------------------------------------------------------------
     def find(self, path):
@@ -122,7 +184,7 @@ class NaiveTrie:
                 return None
         return node
 
-    def _extend(self, stream, begin, end, n_prompt, first_start=0) -> None:
+    def _extend(self, request, stream, begin, end, n_prompt, first_start=0) -> None:
         """Token p extends every branch that starts at s in (p - branch_length, p]: the node of
         stream[s..p] gains one count of the branch's kind (PROMPT if s is in the prompt, else OUTPUT
         and RECENT), if its parent (stream[s..p-1]) exists and a node can be had. Longer branches go
@@ -145,11 +207,14 @@ class NaiveTrie:
                         continue
                     node = parent.children[token] = Node(token)
                     self.n_nodes += 1
+                own = node.own_counts(request)
                 if s < n_prompt:
                     node.prompt = F32(node.prompt + one)
+                    own[0] = F32(own[0] + one)
                 else:
                     node.output = F32(node.output + one)
                     node.recent = F32(node.recent + one)
+                    own[1] = F32(own[1] + one)
 
     def _all_nodes(self):
         stack = list(self.root.children.values())
@@ -169,6 +234,8 @@ class NaiveTrie:
             for node in self._all_nodes():
                 node.output = F32(node.output * half)
                 node.recent = F32(node.recent * half)
+                for own in node.own.values():
+                    own[1] = F32(own[1] * half)
                 largest = max(largest, float(node.output))
             freed = self._prune()
             if freed == 0 and largest < 1.0:
@@ -192,9 +259,10 @@ class NaiveTrie:
         self.n_prunes += 1
         return freed
 
-    def _end_request(self, stream, n_prompt, keep_prompt) -> None:
-        """Walk every branch of the request: a prompt branch gives back one PROMPT count per node
-        (not below 0; with keep_prompt it becomes an OUTPUT count), every branch zeroes RECENT; a
+    def _end_request(self, request, stream, n_prompt, keep_prompt) -> None:
+        """Walk every branch of the request: a prompt branch gives back one of the request's own
+        PROMPT counts per node (not below 0; with keep_prompt it becomes an OUTPUT count), every
+        branch gives back the request's own RECENT; the sums lose what the request gave back. A
         walk stops at a node whose PROMPT + OUTPUT fell below 1. Then, for each parent of such a
         node that is still in the trie, every child below 1 is freed with everything below it
         (a local prune: nothing else in the trie is looked at)."""
@@ -205,11 +273,20 @@ class NaiveTrie:
                 node = node.children.get(stream[q])
                 if node is None:
                     break
-                if s < n_prompt:
-                    node.prompt = F32(max(float(node.prompt) - 1.0, 0.0))
-                    if keep_prompt:
-                        node.output = F32(node.output + F32(1.0))
-                node.recent = F32(0.0)
+                own = node.own.get(request.id)
+                if own is not None:
+                    if s < n_prompt:
+                        before = own[0]
+                        after = F32(max(float(before) - 1.0, 0.0))
+                        own[0] = after
+                        node.prompt = F32(max(float(node.prompt) - float(F32(before - after)), 0.0))
+                    if own[1] != 0.0:
+                        node.recent = F32(max(float(node.recent) - float(own[1]), 0.0))
+                        own[1] = F32(0.0)
+                    if own[0] == 0.0 and own[1] == 0.0:
+                        del node.own[request.id]
+                if s < n_prompt and keep_prompt:
+                    node.output = F32(node.output + F32(1.0))
                 if node.total() < 1.0:
                     touched.append(stream[s:q])
                     break
@@ -224,9 +301,10 @@ class NaiveTrie:
         self.n_prunes += 1
 
     # -- retrieval --------------------------------------------------------------------------------
-    def propose(self, context, budget: int):
-        """(tokens, parents, depths, scores) of the draft continuing `context`: stages from the
-        longest matched suffix down to 1 (then 0, the root's heaviest children, with use_top)."""
+    def _propose(self, request, context, budget: int):
+        """(tokens, parents, depths, scores) of the draft continuing `context` for `request`:
+        stages from the longest matched suffix down to 1 (then 0, the root's heaviest children,
+        with use_top)."""
         context = [int(t) for t in context]
         n = len(context)
         out = _Draft(context[-1])
@@ -238,10 +316,10 @@ class NaiveTrie:
             if matched is None:
                 continue
             if self.fill:
-                self._stage(matched, out, budget)
+                self._stage(request, matched, out, budget)
             else:
                 stage = _Draft(context[-1])
-                self._stage(matched, stage, budget)
+                self._stage(request, matched, stage, budget)
                 if len(stage.tokens) - 1 >= self.min_stage_nodes:
                     return stage.as_tuple()
                 if len(stage.tokens) > 1 and fallback is None:
@@ -250,11 +328,12 @@ class NaiveTrie:
                 break  # one branch, from one stage
         return (fallback or out).as_tuple()
 
-    def _stage(self, matched, out, budget) -> None:
+    def _stage(self, request, matched, out, budget) -> None:
         """Best-first over the sub-trie below `matched`: a child of the matched node scores
         w(child) / w(matched), a deeper node its parent's score times w(node) / w(parent); ties by
-        (draft parent, token). Stage 0 (matched is the root): the TOP_K heaviest root children,
-        each scored w / (total weight of the root's children), not expanded further. A node
+        (draft parent, token), w the request's own weight. Stage 0 (matched is the root): the TOP_K
+        heaviest root children by the weight over all requests, each scored w / (total weight of
+        the root's children), not expanded further. A node
         already in the draft (same draft parent, same token) is reused."""
         candidates = []  # (score, draft parent, token, trie node)
 
@@ -274,11 +353,11 @@ class NaiveTrie:
                 if total > 0.0:
                     offer(F32(F32(self.weight(child)) / total), child, 0)
         else:
-            w_matched = self.weight(matched)
+            w_matched = self.weight(matched, request)
             if w_matched <= 0.0:
                 return
             for child in matched.listed_children():
-                offer(F32(self.weight(child) / w_matched), child, 0)
+                offer(F32(self.weight(child, request) / w_matched), child, 0)
 
         while candidates and len(out.tokens) <= budget:
             best = min(candidates, key=order)
@@ -292,11 +371,11 @@ class NaiveTrie:
                 d = out.add(token, draft_parent, score)
             if self.single:
                 candidates.clear()
-            w_node = self.weight(node)
+            w_node = self.weight(node, request)
             if w_node <= 0.0 or matched is self.root:
                 continue
             for child in node.listed_children():
-                offer(F32(float(score) * (self.weight(child) / w_node)), child, d)
+                offer(F32(float(score) * (self.weight(child, request) / w_node)), child, d)
 
 
 class _Draft:
@@ -376,6 +455,27 @@ def pool_contents(state) -> dict:
     freq = state.freq
     return {path: (float(freq[node, PROMPT]), float(freq[node, OUTPUT]), float(freq[node, RECENT]))
             for path, node, _ in _pool_walk(state) if node >= 0}
+
+
+def naive_own_contents(trie: NaiveTrie, request) -> dict:
+    """{token path: (own PROMPT, own RECENT)} of one request, nodes where either is not zero."""
+    out = {}
+    stack = [((), trie.root)]
+    while stack:
+        path, node = stack.pop()
+        for token, child in node.children.items():
+            own = child.own.get(request.id)
+            if own is not None and (own[0] != 0.0 or own[1] != 0.0):
+                out[path + (token,)] = (float(own[0]), float(own[1]))
+            stack.append((path + (token,), child))
+    return out
+
+
+def pool_own_contents(state, slot: int) -> dict:
+    """The same read from a pool's `own` arrays (the request's slot)."""
+    own = state.own[slot]
+    return {path: (float(own[node, 0]), float(own[node, 1])) for path, node, _ in _pool_walk(state)
+            if node >= 0 and (own[node, 0] != 0.0 or own[node, 1] != 0.0)}
 
 
 def pool_child_order(state) -> dict:

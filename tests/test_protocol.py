@@ -60,20 +60,20 @@ class WindowDrafter:
         self.observed = []       # (tree, node_tokens, path, context) per observe
         self._context = None
 
-    def start(self, prompt):
-        self.inner.start(prompt)
+    def start(self, prompt):  # returns None: serves its one request itself
+        self.request = self.inner.start(prompt) or self.inner
         self._context = [int(t) for t in prompt]
 
     def update(self, tokens):
-        self.inner.update(tokens)
+        self.request.update(tokens)
         self._context += [int(t) for t in tokens]
 
     def finish(self):
-        self.inner.finish()
+        self.request.finish()
 
     def propose(self, context, budget):
         assert context.tolist() == self._context
-        tree = self.inner.propose(context, budget)
+        tree = self.request.propose(context, budget)
         row = continuation(self.model, context, self.width) if self.window_is_truth else None
         tree = with_window(tree, self.levels, self.width, self.rng, self.model.vocab_size, row)
         self.proposed.append((tree, list(self._context)))

@@ -331,7 +331,7 @@ def test_stream_yields_the_same_tokens(req, kind):
     assert len(chunks) == stream.result.stats.steps
 
 
-def test_stream_is_lazy_and_finishes_the_drafter_when_abandoned():
+def test_stream_is_lazy_and_finishes_the_drafter_when_closed():
     model = ToyModel(vocab_size=10, seed=0)
     drafter = OracleDrafter(model, 0)
     verifier = ToyVerifier(model)
@@ -339,8 +339,12 @@ def test_stream_is_lazy_and_finishes_the_drafter_when_abandoned():
     assert drafter.started == 0 and verifier.n_past == 0  # nothing runs before iteration
     for chunk in stream:
         break
-    assert drafter.started == 1 and drafter.finished == 1  # closing the iterator finishes the request
+    assert drafter.started == 1 and drafter.finished == 0  # the stream still holds its request...
+    stream.close()
+    assert drafter.finished == 1                            # ...until it is closed
     assert stream.result is None
+    stream.close()  # idempotent
+    assert drafter.finished == 1
 
 
 def test_stream_result_survives_a_second_iteration():
@@ -418,6 +422,7 @@ BAD_CALLS = [
     (dict(max_new_tokens="8"), ConfigError, ["max_new_tokens", "'8'"]),
     (dict(max_new_tokens=True), ConfigError, ["max_new_tokens", "True"]),
     (dict(max_new_tokens=60), InputError, ["max_new_tokens", "60", "50"]),  # 3 + 60 > max_context 50
+    (dict(prompt=np.zeros(50, np.int32)), InputError, ["prompt: 50 tokens", "max_context 50"]),  # no room left
     (dict(eos_token_id=10), InputError, ["eos_token_id", "10"]),
     (dict(eos_token_id=[1, -2]), InputError, ["eos_token_id", "-2"]),
     (dict(eos_token_id=1.5), InputError, ["eos_token_id"]),
@@ -507,7 +512,7 @@ def test_misbehaving_verifier_raises_backend_error(mode, where):
     trie = _busy_trie()
     with pytest.raises(BackendError, match=where.replace(".", r"\.")):
         draftcore.speculate(BadVerifier(model, mode), [1, 2, 3], max_new_tokens=30, drafter=trie, budget=4)
-    assert not trie._active  # the request was finished: its prompt counts are gone
+    assert trie.requests_in_progress == 0  # the request was finished: its prompt counts are gone
     assert all(c[0] == 0 for c in pool_contents(trie._state).values())
     trie.check_integrity()
 

@@ -17,8 +17,8 @@ import draftcore
 from draftcore import ConfigError, DraftTree, InputError, TrieDrafter
 from draftcore.drafters.trie import LAYOUTS
 from draftcore.drafters.trie_kernels import N_PRUNES
-from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_trie_contents, pool_child_order,
-                   pool_contents)
+from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_own_contents, naive_trie_contents,
+                   pool_child_order, pool_contents, pool_own_contents)
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -55,41 +55,57 @@ def random_tokens(rng, base, vocab, n):
     return out[:n]
 
 
-def random_script(rng, vocab, token_limit, n_requests=None):
-    """A list of operations: ("start", prompt), ("update", tokens), ("propose", context|None, budget)
-    (None: the request's own stream, as speculate passes it), ("finish",), ("warm_up", seqs)."""
+def random_script(rng, vocab, token_limit, n_requests=None, max_live=None):
+    """A list of operations on requests named by ids: ("start", rid, prompt), ("update", rid, tokens),
+    ("propose", rid, context|None, budget) (None: the request's own stream, as speculate passes it;
+    rid None: a one-off TrieDrafter.propose outside any request), ("finish", rid),
+    ("warm_up", seqs). Up to `max_live` requests (default 1 to 3) are in progress at once, their
+    operations interleaved; a request may be left unfinished."""
     base = rng.integers(0, vocab, size=int(rng.integers(4, 40))).tolist()
+    max_live = max_live or int(rng.choice([1, 1, 2, 3]))
     ops = []
     if rng.random() < 0.3:
         ops.append(("warm_up", [random_tokens(rng, base, vocab, int(rng.integers(0, 30)))
                                 for _ in range(int(rng.integers(1, 3)))]))
-    for _ in range(n_requests or int(rng.integers(1, 5))):
-        if rng.random() < 0.3:  # a proposal between requests (the trie is idle)
-            ops.append(("propose", random_tokens(rng, base, vocab, int(rng.integers(1, 10))), int(rng.integers(0, 40))))
-        ops.append(("start", random_tokens(rng, base, vocab, int(rng.integers(1, 40)))))
-        for _ in range(int(rng.integers(0, 12))):
-            r = rng.random()
-            if r < 0.5:
-                ops.append(("update", random_tokens(rng, base, vocab, int(rng.integers(0, 9)))))
-            elif r < 0.85:
-                ops.append(("propose", None, int(rng.integers(0, 40))))
-            else:  # some other context: a token past the vocabulary, or just anything
-                ctx = random_tokens(rng, base, vocab, int(rng.integers(1, 12)))
-                if rng.random() < 0.2:
-                    ctx[-1] = token_limit - 1
-                ops.append(("propose", ctx, int(rng.integers(0, 40))))
-        if rng.random() < 0.9:
-            ops.append(("finish",))
+    to_start = n_requests or int(rng.integers(1, 5))
+    live, next_id = [], 0
+    while to_start or live:
+        if to_start and (not live or (len(live) < max_live and rng.random() < 0.3)):
+            if rng.random() < 0.3:  # a one-off proposal outside any request
+                ops.append(("propose", None, random_tokens(rng, base, vocab, int(rng.integers(1, 10))),
+                            int(rng.integers(0, 40))))
+            ops.append(("start", next_id, random_tokens(rng, base, vocab, int(rng.integers(1, 40)))))
+            live.append(next_id)
+            next_id += 1
+            to_start -= 1
+            continue
+        rid = live[int(rng.integers(0, len(live)))]
+        r = rng.random()
+        if r < 0.08:
+            live.remove(rid)
+            if rng.random() < 0.9:
+                ops.append(("finish", rid))
+        elif r < 0.5:
+            ops.append(("update", rid, random_tokens(rng, base, vocab, int(rng.integers(0, 9)))))
+        elif r < 0.85:
+            ops.append(("propose", rid, None, int(rng.integers(0, 40))))
+        else:  # some other context: a token past the vocabulary, or just anything
+            ctx = random_tokens(rng, base, vocab, int(rng.integers(1, 12)))
+            if rng.random() < 0.2:
+                ctx[-1] = token_limit - 1
+            ops.append(("propose", rid, ctx, int(rng.integers(0, 40))))
     return ops
 
 
-def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie):
-    drafter.check_integrity()  # also counts the tokens still pending
+def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie, requests=()):
+    drafter.check_integrity()
     state = drafter._state
     assert drafter.n_nodes == naive.node_count() <= drafter.capacity
     assert pool_contents(state) == naive_trie_contents(naive)
     assert pool_child_order(state) == naive_child_order(naive)
     assert int(state.meta[N_PRUNES]) == naive.n_prunes  # prune passes so far
+    for mine, twin in requests:  # each request's own counts
+        assert pool_own_contents(state, mine._core.cursor.slot) == naive_own_contents(naive, twin)
 
 
 def assert_same_tree(tree: DraftTree, expected, budget):
@@ -104,41 +120,52 @@ def assert_same_tree(tree: DraftTree, expected, budget):
 def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op=True):
     drafter = TrieDrafter(**params, token_limit=token_limit)
     naive = NaiveTrie(**params)
-    if heap_capacity is not None:  # a tiny candidate list, so that dropping candidates is exercised
-        # (the list lives in the middle of its workspace and holds at most half of it)
-        drafter._buffers = drafter._buffers._replace(cand_scores=np.empty(2 * heap_capacity, np.float32),
-                                                     cand_items=np.empty((2 * heap_capacity, 3), np.int32))
-        naive.heap_capacity = heap_capacity
+    requests = {}  # rid -> (TrieRequest, NaiveRequest)
     n_proposed = 0
     for op in ops:
         kind = op[0]
         if kind == "start":
-            drafter.start(np.array(op[1], np.int32))
-            naive.start(op[1])
+            mine = drafter.start(np.array(op[2], np.int32))
+            if heap_capacity is not None:  # a tiny candidate list, so that dropping candidates is exercised
+                # (the list lives in the middle of its workspace and holds at most half of it)
+                mine._core.buffers = mine._core.buffers._replace(
+                    cand_scores=np.empty(2 * heap_capacity, np.float32),
+                    cand_items=np.empty((2 * heap_capacity, 3), np.int32))
+                naive.heap_capacity = heap_capacity
+            requests[op[1]] = (mine, naive.open(op[2]))
         elif kind == "update":
-            drafter.update(np.array(op[1], np.int32))
-            naive.update(op[1])
+            mine, twin = requests[op[1]]
+            mine.update(np.array(op[2], np.int32))
+            twin.update(op[2])
         elif kind == "finish":
-            drafter.finish()
-            naive.finish()
+            mine, twin = requests.pop(op[1])
+            mine.finish()
+            twin.finish()
         elif kind == "warm_up":
             drafter.warm_up([np.array(s, np.int32) for s in op[1]])
             naive.warm_up(op[1])
         elif kind == "propose":
-            context, budget = op[1], op[2]
-            if context is None:
-                if not naive.active or not naive.stream:
-                    continue
-                context = naive.stream
-            tree = drafter.propose(np.array(context, np.int32), budget)
-            assert_same_tree(tree, naive.propose(context, budget), budget)
+            rid, context, budget = op[1], op[2], op[3]
+            if rid is None:
+                if heap_capacity is not None:
+                    continue  # a one-off proposal has buffers of its own, with the full candidate list
+                mine, twin = drafter, naive
+            else:
+                mine, twin = requests[rid]
+                if context is None:
+                    context = twin.stream
+            tree = mine.propose(np.array(context, np.int32), budget)
+            assert_same_tree(tree, twin.propose(context, budget), budget)
             DraftTree.build(tree.tokens, tree.parents, tree.depths)  # a valid tree
             assert tree.tokens[0] == context[-1]
             n_proposed += 1
         if check_every_op or rng.random() < 0.3:
-            assert_same_trie(drafter, naive)
-    drafter.finish()
-    naive.finish()
+            assert_same_trie(drafter, naive, requests.values())
+    for rid in sorted(requests):  # requests left unfinished end now
+        mine, twin = requests.pop(rid)
+        mine.finish()
+        twin.finish()
+    assert drafter.requests_in_progress == 0
     assert_same_trie(drafter, naive)
     return n_proposed
 
@@ -171,13 +198,26 @@ def test_trie_matches_naive_long_requests(seed):
     params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(0, 30))
     ops = []
     base = rng.integers(0, vocab, size=20).tolist()
-    for _ in range(3):
-        ops.append(("start", random_tokens(rng, base, vocab, 30)))
+    for rid in range(3):
+        ops.append(("start", rid, random_tokens(rng, base, vocab, 30)))
         for _ in range(25):
-            ops.append(("update", random_tokens(rng, base, vocab, int(rng.integers(1, 6)))))
-            ops.append(("propose", None, int(rng.integers(0, 24))))
-        ops.append(("finish",))
+            ops.append(("update", rid, random_tokens(rng, base, vocab, int(rng.integers(1, 6)))))
+            ops.append(("propose", rid, None, int(rng.integers(0, 24))))
+        ops.append(("finish", rid))
     run_script(params, token_limit, ops, rng, check_every_op=False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_trie_matches_naive_with_interleaved_requests(seed):
+    """Three requests in progress at once, their steps interleaved, in a small pool: each request's
+    own counts, every draft and the shared trie match the twin, and a request's end removes only
+    its own prompt branches."""
+    rng = np.random.default_rng(300 + seed)
+    vocab, token_limit, params = random_params(rng)
+    params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(0, 200))
+    ops = random_script(rng, vocab, token_limit, n_requests=6, max_live=3)
+    assert sum(op[0] == "start" for op in ops) == 6
+    run_script(params, token_limit, ops, rng)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -218,13 +258,17 @@ def test_insert_prompt_false_counts_no_prompt_branches():
         params.update(insert_prompt=False)
         drafter = TrieDrafter(**params, token_limit=token_limit)
         naive = NaiveTrie(**params)
+        requests = {}
         for op in random_script(rng, vocab, token_limit):
             if op[0] == "start":
-                drafter.start(np.array(op[1], np.int32)), naive.start(op[1])
+                requests[op[1]] = (drafter.start(np.array(op[2], np.int32)), naive.open(op[2]))
             elif op[0] == "update":
-                drafter.update(np.array(op[1], np.int32)), naive.update(op[1])
+                requests[op[1]][0].update(np.array(op[2], np.int32)), requests[op[1]][1].update(op[2])
+            elif op[0] == "propose" and op[1] is not None:  # counts the pending tokens
+                mine, twin = requests[op[1]]
+                mine.propose(np.array(twin.stream, np.int32), 4), twin.propose(twin.stream, 4)
             elif op[0] == "finish":
-                drafter.finish(), naive.finish()
+                requests[op[1]][0].finish(), requests.pop(op[1])[1].finish()
             elif op[0] == "warm_up":
                 drafter.warm_up([np.array(s, np.int32) for s in op[1]]), naive.warm_up(op[1])
             drafter.check_integrity()
@@ -239,9 +283,9 @@ def test_insert_prompt_false_minimal_repro():
     and, with insert_prompt=False, never eliminated (it can never decay either)."""
     d = TrieDrafter(capacity=9, branch_length=4, insert_prompt=False, token_limit=16)
     d.warm_up([[1, 2, 1, 2, 1, 2, 1, 2]])  # paths 1, 1-2, 1-2-1, ..., 2, 2-1, ...: 8 nodes, 1 free
-    d.start(np.array([5, 1], np.int32))
-    d.update(np.array([2], np.int32))     # < branch_length free: make_room, front rebuilt from [5, 1]
-    d.finish()
+    r = d.start(np.array([5, 1], np.int32))
+    r.update(np.array([2], np.int32))     # < branch_length free: make_room, front rebuilt from [5, 1]
+    r.finish()
     d.check_integrity()
     assert {p: c for p, c in pool_contents(d._state).items() if c[0]} == {}
 
@@ -255,14 +299,14 @@ def test_output_counts_persist_and_prompt_counts_are_removed():
     for _ in range(5):
         prompt = rng.integers(0, 10, size=int(rng.integers(1, 30))).tolist()
         output = rng.integers(0, 10, size=int(rng.integers(0, 30))).tolist()
-        d.start(np.array(prompt, np.int32))
-        while_running = None
+        r = d.start(np.array(prompt, np.int32))
         for i in range(0, len(output), 3):
-            d.update(np.array(output[i:i + 3], np.int32))
+            r.update(np.array(output[i:i + 3], np.int32))
+        r.propose(np.array(prompt + output, np.int32), 0)  # counts the tokens
         d.check_integrity()
         while_running = pool_contents(d._state)
         assert any(c[0] > 0 for c in while_running.values())  # the prompt is in the trie
-        d.finish()
+        r.finish()
         requests.append((prompt, output))
         got = pool_contents(d._state)
         assert got == naive_branch_counts(requests, bl)  # exactly the output branches, every request
@@ -272,28 +316,31 @@ def test_output_counts_persist_and_prompt_counts_are_removed():
 
 def test_prompt_branches_counted_while_running():
     d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10)
-    d.start(np.array([1, 2, 3, 1, 2], np.int32))
-    d.update(np.array([4], np.int32))
+    r = d.start(np.array([1, 2, 3, 1, 2], np.int32))
+    r.update(np.array([4], np.int32))
+    assert (4,) not in pool_contents(d._state)  # counted at the next propose (one kernel call a step)
+    r.propose(np.array([1, 2, 3, 1, 2, 4], np.int32), 0)
     d.check_integrity()
     got = pool_contents(d._state)
     # prompt branches: start positions 0..4, 3 tokens each, growing into the output token 4
     assert got[(1,)] == (2.0, 0.0, 0.0) and got[(1, 2)] == (2.0, 0.0, 0.0) and got[(1, 2, 3)] == (1.0, 0.0, 0.0)
     assert got[(1, 2, 4)] == (1.0, 0.0, 0.0) and got[(2, 4)] == (1.0, 0.0, 0.0)
     assert got[(4,)] == (0.0, 1.0, 1.0)  # OUTPUT, and RECENT while the request runs
-    d.finish()
+    r.finish()
     assert pool_contents(d._state) == {(4,): (0.0, 1.0, 0.0)}
 
 
 def test_recent_counts_follow_the_running_request():
     d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10)
     d.warm_up([[1, 2, 3]])
-    d.start(np.array([5], np.int32))
-    d.update(np.array([1, 2, 4], np.int32))
+    r = d.start(np.array([5], np.int32))
+    r.update(np.array([1, 2, 4], np.int32))
+    r.propose(np.array([5, 1, 2, 4], np.int32), 0)
     d.check_integrity()
     got = pool_contents(d._state)
     assert got[(1,)] == (0.0, 2.0, 1.0) and got[(1, 2)] == (0.0, 2.0, 1.0) and got[(1, 2, 3)] == (0.0, 1.0, 0.0)
     assert got[(1, 2, 4)] == (0.0, 1.0, 1.0) and got[(5, 1)] == (1.0, 0.0, 0.0)
-    d.finish()
+    r.finish()
     got = pool_contents(d._state)
     assert all(c[2] == 0.0 for c in got.values()) and (5,) not in got
     assert got[(1, 2)] == (0.0, 2.0, 0.0)
@@ -301,9 +348,9 @@ def test_recent_counts_follow_the_running_request():
 
 def test_without_elimination_prompt_counts_become_output_counts():
     d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, eliminate_prompt=False)
-    d.start(np.array([1, 2, 3], np.int32))
-    d.update(np.array([4], np.int32))
-    d.finish()
+    r = d.start(np.array([1, 2, 3], np.int32))
+    r.update(np.array([4], np.int32))
+    r.finish()
     assert pool_contents(d._state) == naive_branch_counts([([], [1, 2, 3, 4])], 3)
 
 
@@ -331,13 +378,13 @@ def test_node_count_never_exceeds_capacity(seed):
     cap = 2 * bl + 1 + int(rng.integers(0, 20))
     d = TrieDrafter(capacity=cap, branch_length=bl, token_limit=50)
     for _ in range(4):
-        d.start(rng.integers(0, 50, size=int(rng.integers(1, 60))).astype(np.int32))
+        r = d.start(rng.integers(0, 50, size=int(rng.integers(1, 60))).astype(np.int32))
         for _ in range(20):
-            d.update(rng.integers(0, 50, size=int(rng.integers(1, 5))).astype(np.int32))
+            r.update(rng.integers(0, 50, size=int(rng.integers(1, 5))).astype(np.int32))
             assert d.n_nodes <= cap
             d.check_integrity()
-            d.propose(rng.integers(0, 50, size=5).astype(np.int32), int(rng.integers(0, 20)))
-        d.finish()
+            r.propose(rng.integers(0, 50, size=5).astype(np.int32), int(rng.integers(0, 20)))
+        r.finish()
         assert d.n_nodes <= cap
         d.check_integrity()
 
@@ -438,9 +485,9 @@ def _busy_drafter(seed=0, **kw):
     d.warm_up([[1, 2, 3, 1, 2, 4, 1, 5]])  # node (1,) has children 2, 5; node (1, 2) has 3, 4
     base = rng.integers(0, 20, size=15).tolist()
     for _ in range(3):
-        d.start(np.array(random_tokens(rng, base, 20, 20), np.int32))
-        d.update(np.array(random_tokens(rng, base, 20, 30), np.int32))
-        d.finish()
+        r = d.start(np.array(random_tokens(rng, base, 20, 20), np.int32))
+        r.update(np.array(random_tokens(rng, base, 20, 30), np.int32))
+        r.finish()
     d.check_integrity()
     return d, rng, base
 
@@ -460,9 +507,9 @@ def test_save_load_round_trip(tmp_path):
         np.testing.assert_array_equal(a.scores, b.scores)
     # and both keep learning identically
     for x in (d, e):
-        x.start(np.array(base, np.int32))
-        x.update(np.array(base[::-1], np.int32))
-        x.finish()
+        r = x.start(np.array(base, np.int32))
+        r.update(np.array(base[::-1], np.int32))
+        r.finish()
     assert pool_contents(e._state) == pool_contents(d._state)
 
 
@@ -483,11 +530,61 @@ def test_save_load_round_trip_any_file_name(tmp_path):
     assert pool_contents(e._state) == pool_contents(d._state)
 
 
-def test_save_during_a_request_is_refused(tmp_path):
+def test_save_during_requests_keeps_what_persists(tmp_path):
+    """A server checkpoints while requests run: the file holds the shared trie, not the live
+    requests' own counts, and loads as a trie with no request in progress."""
+    d, _, base = _busy_drafter()
+    idle = tmp_path / "idle.npz"
+    d.save(idle)
+    r = d.start(np.array(base, np.int32))
+    r.update(np.array(base[::-1], np.int32))
+    r.propose(np.array(base + base[::-1], np.int32), 4)
+    d.save(tmp_path / "busy.npz")
+    e = TrieDrafter.load(tmp_path / "busy.npz")
+    e.check_integrity()
+    got = pool_contents(e._state)
+    assert all(c[0] == 0.0 and c[2] == 0.0 for c in got.values())
+    live = pool_contents(d._state)
+    assert {p: c[1] for p, c in got.items()} == {p: c[1] for p, c in live.items()}  # OUTPUT as it stands
+    r.finish()
+    d.check_integrity()
+
+
+def test_load_refuses_options_the_file_holds(tmp_path):
     d, _, _ = _busy_drafter()
-    d.start(np.array([1, 2], np.int32))
-    with pytest.raises(InputError, match="path"):
-        d.save(tmp_path / "x.npz")
+    d.save(tmp_path / "t.npz")
+    for name in ("capacity", "branch_length", "token_limit"):
+        with pytest.raises(ConfigError, match=f"^{name}: .*from the file"):
+            TrieDrafter.load(tmp_path / "t.npz", **{name: 64})
+
+
+def test_save_into_a_missing_folder_is_an_input_error(tmp_path):
+    d, _, _ = _busy_drafter()
+    with pytest.raises(InputError, match="path: .*not an existing folder"):
+        d.save(tmp_path / "missing" / "t.npz")
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_file(tmp_path, monkeypatch):
+    """Disk full halfway through: the previous checkpoint still loads, and no temporary is left."""
+    d, _, base = _busy_drafter()
+    path = tmp_path / "t.npz"
+    d.save(path)
+    before = path.read_bytes()
+    r = d.start(np.array(base, np.int32))
+    r.update(np.array(base, np.int32))
+    r.finish()  # the trie has changed since
+
+    def failing_savez(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", failing_savez)
+    with pytest.raises(OSError, match="No space"):
+        d.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    TrieDrafter.load(path).check_integrity()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.npz"]
 
 
 def _arrays(tmp_path):
@@ -652,12 +749,12 @@ def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
     for layout in LAYOUTS:
         d = TrieDrafter(capacity=100, branch_length=4, token_limit=10, layout=layout, fill=layout != "single")
         d.warm_up([[1, 2, 3, 1, 2, 4]])
-        d.start([1, 2, 3])
-        d.update([1, 2])
-        d.propose([3, 1, 2], 3)
-        d.propose(np.array([1, 2], np.int32), 100)  # a budget beyond the first buffers
+        r = d.start([1, 2, 3])
+        r.update([1, 2])
+        r.propose([3, 1, 2], 3)
+        r.propose(np.array([1, 2], np.int32), 100)  # a budget beyond the first buffers
         d.check_integrity()
-        d.finish()
+        r.finish()
         d.save(tmp_path / "t.npz")
         TrieDrafter.load(tmp_path / "t.npz").propose([1, 2], 4)
     assert {k.__name__: set(k.signatures) for k in kernels} == before
@@ -665,14 +762,17 @@ def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
 
 def test_repr_shows_the_pool_without_counting_pending_tokens():
     d = TrieDrafter(capacity=100, branch_length=4, token_limit=10)
-    d.start(np.array([1, 2, 3], np.int32))  # branches 1, 1-2, 1-2-3, 2, 2-3, 3
-    d.update(np.array([4, 5], np.int32))
+    r = d.start(np.array([1, 2, 3], np.int32))  # branches 1, 1-2, 1-2-3, 2, 2-3, 3
+    r.update(np.array([4, 5], np.int32))
     before = pool_contents(d._state)
-    assert repr(d) == ("TrieDrafter(capacity=100, nodes_in_use=6 (+2 tokens not counted yet), branch_length=4, "
+    assert repr(d) == ("TrieDrafter(capacity=100, nodes_in_use=6, requests_in_progress=1, branch_length=4, "
                        "layout='hierarchical')")
-    assert pool_contents(d._state) == before
-    assert d.n_nodes == 6 + 8  # n_nodes counts them: 4, 3-4, 2-3-4, 1-2-3-4, 5, 4-5, 3-4-5, 2-3-4-5
-    assert repr(d).startswith("TrieDrafter(capacity=100, nodes_in_use=14, branch_length=4")
+    assert repr(r) == "TrieRequest(slot=0, tokens=5, prompt=3)"
+    assert pool_contents(d._state) == before and d.n_nodes == 6
+    r.propose(np.array([1, 2, 3, 4, 5], np.int32), 0)  # counts them: 4, 3-4, 2-3-4, 1-2-3-4, 5, 4-5, 3-4-5, 2-3-4-5
+    assert d.n_nodes == 6 + 8
+    r.finish()
+    assert repr(r).endswith(", finished)") and d.requests_in_progress == 0
 
 
 def test_retrieval_settings_are_fixed_at_construction():
@@ -711,8 +811,6 @@ def test_bad_constructor_args_raise_config_error(kwargs, name):
 
 def test_bad_calls_raise_input_error():
     d = TrieDrafter(capacity=100, branch_length=4, token_limit=10)
-    with pytest.raises(InputError, match="tokens"):
-        d.update(np.array([1], np.int32))  # before start
     with pytest.raises(InputError, match="prompt"):
         d.start(np.array([], np.int32))
     with pytest.raises(InputError, match="prompt"):
@@ -721,10 +819,18 @@ def test_bad_calls_raise_input_error():
         d.start(np.array([1.0, 2.0]))
     with pytest.raises(InputError, match="prompt"):
         d.start(np.array([[1, 2]], np.int32))
-    d.start(np.array([1, 2], np.int32))
+    r = d.start(np.array([1, 2], np.int32))
     with pytest.raises(InputError, match="tokens"):
-        d.update(np.array([-1], np.int32))
+        r.update(np.array([-1], np.int32))
     with pytest.raises(InputError, match="sequences"):
-        d.warm_up([[1, 2]])
+        d.warm_up([[1, 2], [3, 11]])
+    with pytest.raises(ConfigError, match="budget"):
+        r.propose(np.array([1, 2], np.int32), -1)
     assert d.n_nodes == 3  # nothing changed by the refused calls
     d.check_integrity()
+    r.finish()
+    r.finish()  # idempotent
+    with pytest.raises(InputError, match="request: update.*finished"):
+        r.update(np.array([1], np.int32))
+    with pytest.raises(InputError, match="request: propose.*finished"):
+        r.propose(np.array([1], np.int32), 2)

@@ -2,8 +2,13 @@
 Lossless Generation Accuracy" (Zhao et al., KDD 2024), §4.2–4.3: a thin class over the kernels in
 trie_kernels.
 
-One trie lives across requests: output branches persist (and decay when the pool is full), each
-request's prompt branches are removed when it finishes. Save it with `save`, restore with `load`.
+One trie lives across requests, and serves any number of them at once: `start(prompt)` returns a
+`TrieRequest` that holds the request's own state (its token stream, its prompt branches' and its
+output's own counts, in a slot of its own), while the output branches every request teaches are
+shared (and decay when the pool is full). A request's end removes only its own prompt branches.
+Every operation on the shared pool holds the drafter's lock, so worker threads may share one
+TrieDrafter, each with its own verifier. Save it with `save` (atomic, allowed at any time),
+restore with `load`.
 
     parameter          default   meaning
     capacity           262144    nodes in the pool (36 bytes each); must exceed 2 * branch_length
@@ -16,6 +21,8 @@ request's prompt branches are removed when it finishes. Save it with `save`, res
     use_top            True      a last stage drafts the most frequent tokens when nothing else fits
     layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
     token_limit        262144    token ids must be below this (size of the root index)
+    max_requests       32        requests in progress at once; each holds 8 bytes per pool node
+                                 while it runs (its own counts), allocated as requests arrive
     insert_prompt, insert_output, eliminate_prompt: the paper's ablations (Table 3), all True
 
 The configuration is fixed at construction (the kernels get it as one Settings value), so the
@@ -24,9 +31,15 @@ retrieval settings are read-only attributes. Defaults were tuned by replaying re
 """
 from __future__ import annotations
 
+import collections
+import os
+import tempfile
+import threading
+import weakref
+
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import BusyError, ConfigError, InputError
 from ..tree import DraftTree
 from ..validate import positive_float, positive_int, token_array
 from ..jit import kernels
@@ -36,6 +49,8 @@ _SAVE_FORMAT = 1
 _KERNELS = "draftcore.drafters.trie_kernels"
 _SAVED_ARRAYS = ("links", "freq", "free", "root", "meta")  # the TrieState fields a file holds
 _DEFAULT_BUDGET = 64  # draft buffers are sized for this many nodes until a larger budget comes
+_FIRST_SLOTS = 4      # request slots allocated up front; more (up to max_requests) as requests arrive
+_FILE_OPTIONS = ("capacity", "branch_length", "token_limit")  # what `load` takes from the file
 
 
 def _setting(name: str) -> property:
@@ -43,9 +58,10 @@ def _setting(name: str) -> property:
 
 
 class TrieDrafter:
-    """Drafts hierarchical multi-branch trees from a trie of the n-grams seen so far."""
+    """Drafts hierarchical multi-branch trees from a trie of the n-grams seen so far; shared safely
+    by concurrent requests (`start` returns each its own `TrieRequest`)."""
 
-    returns_valid_trees = True  # its trees are built valid by construction: speculate skips the check
+    concurrent_requests = True  # start() gives every request its own state: speculate need not claim it
     max_match = _setting("max_match")
     prompt_weight = _setting("prompt_weight")
     recent_weight = _setting("recent_weight")
@@ -56,7 +72,8 @@ class TrieDrafter:
     def __init__(self, *, capacity: int = 1 << 18, branch_length: int = 24, max_match: int = 8,
                  prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
                  use_top: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
-                 insert_prompt: bool = True, insert_output: bool = True, eliminate_prompt: bool = True):
+                 max_requests: int = 32, insert_prompt: bool = True, insert_output: bool = True,
+                 eliminate_prompt: bool = True):
         K = self._K = kernels(_KERNELS)
         self.branch_length = positive_int("branch_length", branch_length, minimum=2)
         self.capacity = positive_int("capacity", capacity)
@@ -75,13 +92,14 @@ class TrieDrafter:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
         self.token_limit = positive_int("token_limit", token_limit)
+        self.max_requests = positive_int("max_requests", max_requests)
         self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
         self.eliminate_prompt = bool(eliminate_prompt)
-        self._state = K.new_state(self.capacity, self.branch_length, self.token_limit)
-        self._buffers = K.new_buffers(_DEFAULT_BUDGET)
-        self._stream = np.zeros(0, np.int32)
-        self._n_stream = self._n_prompt = self._n_counted = 0
-        self._active = False
+        self._state = K.new_state(self.capacity, self.token_limit, min(_FIRST_SLOTS, self.max_requests))
+        self._lock = threading.Lock()  # held by every kernel call on the shared pool
+        # Requests dropped without finish(): their finalizers only append here (a finalizer may run
+        # inside any thread, even one holding the lock); the next operation ends them.
+        self._abandoned: collections.deque = collections.deque()
 
     @classmethod
     def paper(cls, **options) -> "TrieDrafter":
@@ -92,112 +110,97 @@ class TrieDrafter:
         return cls(**config)
 
     def __repr__(self) -> str:
-        # The pool as it stands: counting the pending tokens here would make repr change the trie.
+        # The pool as it stands: tokens a request appended since its last propose are not counted yet.
         in_use = self.capacity - int(self._state.meta[self._K.N_FREE])
-        pending = self._n_stream - self._n_counted
-        return (f"TrieDrafter(capacity={self.capacity}, nodes_in_use={in_use}"
-                + (f" (+{pending} tokens not counted yet)" if pending else "")
-                + f", branch_length={self.branch_length}, layout={self.layout!r})")
+        return (f"TrieDrafter(capacity={self.capacity}, nodes_in_use={in_use}, requests_in_progress="
+                f"{self.requests_in_progress}, branch_length={self.branch_length}, layout={self.layout!r})")
 
     # -- Drafter protocol -------------------------------------------------------------------------
-    def start(self, prompt) -> None:
-        """Insert the prompt's branches (every start position) as PROMPT counts."""
+    def start(self, prompt) -> "TrieRequest":
+        """Begin a request: insert the prompt's branches (every start position) as the request's
+        own PROMPT counts. Returns the request's handle (propose, update, finish)."""
         prompt = token_array("prompt", prompt, vocab_size=self.token_limit)
-        if self._active:
-            self.finish()
-        self._stream = np.empty(max(64, 2 * prompt.shape[0]), np.int32)
-        self._stream[:prompt.shape[0]] = prompt
-        self._n_stream = self._n_prompt = prompt.shape[0]
-        self._n_counted = 0 if self.insert_prompt else self._n_prompt
-        self._state.front[:] = -1  # no branch of this request is counted yet
-        self._active = True
-        self._count_pending()
-
-    def update(self, tokens) -> None:
-        """Append accepted tokens; their branches are counted at the next propose (one kernel call
-        per step) or whenever the trie is read."""
-        tokens = token_array("tokens", tokens, vocab_size=self.token_limit, allow_empty=True)
-        if not self._active:
-            raise InputError("tokens: update() called before start(prompt)")
-        begin = self._n_stream
-        end = begin + tokens.shape[0]
-        if end > self._stream.shape[0]:
-            grown = np.empty(max(2 * self._stream.shape[0], end), np.int32)
-            grown[:begin] = self._stream[:begin]
-            self._stream = grown
-        self._stream[begin:end] = tokens
-        self._n_stream = end
-        if not self.insert_output:
-            self._n_counted = end
-
-    def propose(self, context, budget: int) -> DraftTree:
-        """Best-first draft tree of at most `budget` nodes continuing `context` (root = context[-1]).
-
-        The tree's arrays view this drafter's buffers: they stay valid until the next propose.
-        """
-        context = token_array("context", context, vocab_size=self.token_limit)
-        if type(budget) is not int or budget >= self._buffers.tokens.shape[0]:
-            budget = positive_int("budget", budget, minimum=0)
-            if budget >= self._buffers.tokens.shape[0]:
-                self._buffers = self._K.new_buffers(budget)
-        n = self._K.step(self._state, self._settings, self._request_stream(), self._buffers, context, budget)
-        self._n_counted = self._n_stream
-        b = self._buffers
-        if self.layout == "parallel":
-            return DraftTree(*_unmerge(b.tokens[:n], b.parents[:n], b.depths[:n], b.scores[:n], budget))
-        return DraftTree(b.tokens[:n], b.parents[:n], b.depths[:n], b.scores[:n])
-
-    def finish(self) -> None:
-        """Branch eliminating: drop this request's prompt counts; output counts persist."""
-        if not self._active:
-            return
-        self._count_pending()
-        self._K.end_request(self._state, self._settings, self._request_stream(), not self.eliminate_prompt)
-        self._active = False
-        self._n_stream = self._n_prompt = self._n_counted = 0
+        with self._lock:
+            self._end_abandoned()
+            core = _RequestCore(self._take_slot(), prompt, self)
+            self._count(core)
+        return TrieRequest(self, core)
 
     # -- beyond the protocol ----------------------------------------------------------------------
+    def propose(self, context, budget: int) -> DraftTree:
+        """A one-off draft continuing `context` from what the trie has learnt, outside any request
+        (no request's own counts weigh in): to inspect the trie, or to draft without a request."""
+        context = token_array("context", context, vocab_size=self.token_limit)
+        budget = positive_int("budget", budget, minimum=0)
+        with self._lock:
+            self._end_abandoned()
+            core = _RequestCore(self._take_slot(), context[:0], self, count_prompt=False)
+            core.buffers = self._K.new_buffers(budget)
+            try:
+                n = self._K.retrieve(self._state, self._settings, core.cursor, core.buffers, context, budget)
+            finally:
+                self._state.live[core.cursor.slot] = False  # nothing was counted: the slot is still all zero
+        return core.tree(n, self.layout, budget)
+
+    @property
+    def requests_in_progress(self) -> int:
+        """Requests started and not finished (nor dropped and cleaned up)."""
+        return int(self._state.live.sum())
+
     def warm_up(self, sequences) -> None:
-        """Insert a corpus of token sequences (e.g. past outputs) as persistent OUTPUT branches."""
-        if self._active:
-            raise InputError("sequences: warm_up() called during a request; call finish() first")
-        K = self._K
-        for i, seq in enumerate(sequences):
-            seq = token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
-            stream = K.Stream(tokens=seq, begin=0, end=seq.shape[0], n_prompt=0, count_from=0)
-            self._state.front[:] = -1  # each sequence is a request of its own, all output
-            K.extend(self._state, self._settings, stream)
-            K.end_request(self._state, self._settings, stream, False)
+        """Insert a corpus of token sequences (e.g. past outputs) as persistent OUTPUT branches;
+        requests in progress are unaffected but for what they learn from it."""
+        sequences = [token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
+                     for i, seq in enumerate(sequences)]
+        with self._lock:
+            self._end_abandoned()
+            for seq in sequences:  # each a request of its own, all output
+                core = _RequestCore(self._take_slot(), seq[:0], self, count_prompt=False)
+                core.count_output = True  # a corpus is inserted whatever insert_output says
+                core.append(seq)
+                self._end(core)
 
     @property
     def n_nodes(self) -> int:
-        """Live nodes in the pool (never more than capacity), after counting the pending tokens."""
-        self._count_pending()
+        """Live nodes in the pool (never more than capacity); a request's tokens are counted at its
+        next propose."""
         return self.capacity - int(self._state.meta[self._K.N_FREE])
 
     def check_integrity(self) -> None:
         """Raise InputError if the pool's links, free list or counts are inconsistent (for tests)."""
-        self._count_pending()
-        code, node = self._K.find_corruption(self._state)
+        with self._lock:
+            code, node = self._K.find_corruption(self._state)
         if code:
             raise InputError(f"trie: corrupt node pool (check {code}) at node {node}; see find_corruption")
 
     def save(self, path) -> None:
-        """Write the trie (not a request in progress) to `path` as plain arrays (.npz, no pickle).
-        The file is written at `path` exactly (no .npz suffix is added)."""
-        if self._active:
-            raise InputError(f"path: cannot save {path!r} during a request; call finish() first")
-        K, state = self._K, self._state
-        config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
-        with open(path, "wb") as f:
-            np.savez(f, config=config, links=state.links[:, :K.SIBLING + 1], freq=state.freq[:, K.PROMPT:K.RECENT + 1],
-                     free=state.free, root=state.root, meta=state.meta)
+        """Write what the trie has learnt to `path` as plain arrays (.npz, no pickle), atomically: a
+        temporary file in the same folder, flushed to disk, then renamed over `path`, so a failed
+        write leaves the previous file as it was. Allowed while requests are in progress: their
+        own counts are not saved. The file is written at `path` exactly (no .npz suffix is added)."""
+        K = self._K
+        folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+        if not os.path.isdir(folder):
+            raise InputError(f"path: {str(path)!r} is in {folder!r}, which is not an existing folder")
+        with self._lock:
+            state = self._state
+            config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
+            links = state.links[:, :K.SIBLING + 1].copy()
+            freq = state.freq[:, K.PROMPT:K.RECENT + 1].copy()
+            free, root, meta = state.free.copy(), state.root.copy(), state.meta.copy()
+        freq[:, [0, K.RECENT - K.PROMPT]] = 0.0  # PROMPT, RECENT: the live requests' own, not the trie's
+        _write_atomically(path, folder, lambda f: np.savez(f, config=config, links=links, freq=freq, free=free,
+                                                          root=root, meta=meta))
 
     @classmethod
     def load(cls, path, **options) -> "TrieDrafter":
         """Read a trie written by `save`, validating every array before using any; `options` as
-        for the constructor (capacity, branch_length and token_limit come from the file)."""
+        for the constructor, except capacity, branch_length and token_limit, which the file holds."""
         K = kernels(_KERNELS)
+        fixed = sorted(set(options) & set(_FILE_OPTIONS))
+        if fixed:
+            raise ConfigError(f"{fixed[0]}: TrieDrafter.load takes {', '.join(_FILE_OPTIONS)} from the file; "
+                              f"got {fixed[0]}={options[fixed[0]]!r} as well (drop it)")
         expected = f"a TrieDrafter file (.npz of config, {', '.join(_SAVED_ARRAYS)})"
         try:
             with np.load(path, allow_pickle=False) as data:
@@ -216,6 +219,9 @@ class TrieDrafter:
             if got.shape != shape or got.dtype != dtype:
                 raise InputError(f"path: {str(path)!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
                                  f"expected shape {shape} dtype {np.dtype(dtype)}")
+        if arrays["freq"][:, [0, 2]].any():
+            raise InputError(f"path: {str(path)!r} holds a request's own counts (PROMPT or RECENT not zero); "
+                             f"files written by save() never do")
         # The shapes match the config, so the drafter allocates no more than the file holds.
         try:
             drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
@@ -230,24 +236,160 @@ class TrieDrafter:
         code, node = K.find_corruption(state)
         if code:
             raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
-        if freq[:, K.RECENT].any():
-            raise InputError(f"path: {str(path)!r} was saved during a request (RECENT counts are not zero)")
         drafter._state = state
         K.refresh_top(state, drafter._settings)
         return drafter
 
-    # -- internals --------------------------------------------------------------------------------
-    def _request_stream(self):
-        """The request's tokens as the kernels take them: Stream(tokens, begin, end, n_prompt,
-        count_from), built positionally (half the cost of keywords, and it is built every step)."""
-        return self._K.Stream(self._stream, self._n_counted, self._n_stream, self._n_prompt,
-                              0 if self.insert_prompt else self._n_prompt)
+    # -- internals (callers hold self._lock) ------------------------------------------------------
+    def _take_slot(self) -> int:
+        """A free request slot, growing the slot arrays (up to max_requests) when all are taken."""
+        state = self._state
+        free = np.flatnonzero(~state.live)
+        if free.size == 0:
+            n = state.live.shape[0]
+            if n >= self.max_requests:
+                raise BusyError(f"drafter: all max_requests={self.max_requests} request slots of this TrieDrafter "
+                                f"are in use; finish (or close the streams of) requests in progress, or "
+                                f"construct it with a larger max_requests")
+            state = self._state = self._K.with_slots(state, min(2 * n, self.max_requests))
+            free = np.flatnonzero(~state.live)
+        slot = int(free[0])
+        state.live[slot] = True
+        return slot
 
-    def _count_pending(self) -> None:
-        """Count the branches of tokens appended since the last count."""
-        if self._n_counted < self._n_stream:
-            self._K.extend(self._state, self._settings, self._request_stream())
-            self._n_counted = self._n_stream
+    def _count(self, core: "_RequestCore") -> None:
+        """Count the branches of the tokens `core` appended since its last count."""
+        if core.n_counted < core.n_stream:
+            self._K.extend(self._state, self._settings, core.stream(), core.cursor)
+            core.n_counted = core.n_stream
+
+    def _end(self, core: "_RequestCore") -> None:
+        """Branch eliminating for one request; frees its slot."""
+        self._count(core)
+        self._K.end_request(self._state, self._settings, core.stream(), core.cursor, not self.eliminate_prompt)
+        self._state.live[core.cursor.slot] = False
+        core.ended = True
+
+    def _end_abandoned(self) -> None:
+        while self._abandoned:
+            core = self._abandoned.popleft()
+            if not core.ended:
+                self._end(core)
+
+
+class TrieRequest:
+    """One request in progress on a TrieDrafter, from `TrieDrafter.start(prompt)`: the Drafter
+    protocol's per-request calls. Its trees own their arrays. A request belongs to one decode loop
+    (one thread at a time); a request dropped without `finish` is ended by the drafter's next call."""
+
+    returns_valid_trees = True  # its trees are built valid by construction: speculate skips the check
+
+    def __init__(self, drafter: TrieDrafter, core: "_RequestCore"):
+        self._drafter, self._core = drafter, core
+        self._finalizer = weakref.finalize(self, drafter._abandoned.append, core)
+
+    def __repr__(self) -> str:
+        core = self._core
+        return (f"TrieRequest(slot={core.cursor.slot}, tokens={core.n_stream}, prompt={core.n_prompt}"
+                + (", finished" if core.ended else "") + ")")
+
+    def update(self, tokens) -> None:
+        """Append accepted tokens; their branches are counted at the next propose (one kernel call
+        per step) or when the request finishes."""
+        tokens = token_array("tokens", tokens, vocab_size=self._drafter.token_limit, allow_empty=True)
+        self._check_open("update")
+        self._core.append(tokens)
+
+    def propose(self, context, budget: int) -> DraftTree:
+        """Best-first draft tree of at most `budget` nodes continuing `context` (root = context[-1]),
+        weighted by this request's own prompt and output; the tree owns its arrays."""
+        drafter, core = self._drafter, self._core
+        context = token_array("context", context, vocab_size=drafter.token_limit)
+        if type(budget) is not int or not 0 <= budget < core.buffers.tokens.shape[0]:
+            budget = positive_int("budget", budget, minimum=0)
+            if budget >= core.buffers.tokens.shape[0]:
+                core.buffers = drafter._K.new_buffers(budget)
+        self._check_open("propose")
+        with drafter._lock:
+            if drafter._abandoned:
+                drafter._end_abandoned()
+            n = drafter._K.step(drafter._state, drafter._settings, core.stream(), core.cursor, core.buffers,
+                                context, budget)
+            core.n_counted = core.n_stream
+        return core.tree(n, drafter.layout, budget)  # from this request's own buffers: outside the lock
+
+    def finish(self) -> None:
+        """Branch eliminating: drop this request's own prompt counts (output counts persist);
+        idempotent."""
+        if self._core.ended:
+            return
+        self._finalizer.detach()
+        with self._drafter._lock:
+            if not self._core.ended:
+                self._drafter._end(self._core)
+
+    def _check_open(self, what: str) -> None:
+        if self._core.ended:
+            raise InputError(f"request: {what}() called on {self!r}, which has finished; start a new request")
+
+
+class _RequestCore:
+    """A request's own state, apart from its handle so that a finalizer can end it: its slot and
+    front (the kernels' Cursor), its token stream and its draft buffers."""
+
+    def __init__(self, slot: int, prompt: np.ndarray, drafter: TrieDrafter, count_prompt: bool = True):
+        K = drafter._K
+        self.cursor = K.new_cursor(slot, drafter.branch_length, int(drafter._state.meta[K.N_PRUNES]))
+        self.tokens = np.empty(max(64, 2 * prompt.shape[0]), np.int32)
+        self.tokens[:prompt.shape[0]] = prompt
+        self.n_stream = self.n_prompt = prompt.shape[0]
+        self.count_from = 0 if drafter.insert_prompt and count_prompt else self.n_prompt
+        self.n_counted = self.count_from
+        self.count_output = drafter.insert_output
+        self.buffers = K.new_buffers(_DEFAULT_BUDGET)
+        self.make_stream = K.Stream
+        self.ended = False
+
+    def append(self, tokens: np.ndarray) -> None:
+        begin = self.n_stream
+        end = begin + tokens.shape[0]
+        if end > self.tokens.shape[0]:
+            grown = np.empty(max(2 * self.tokens.shape[0], end), np.int32)
+            grown[:begin] = self.tokens[:begin]
+            self.tokens = grown
+        self.tokens[begin:end] = tokens
+        self.n_stream = end
+        if not self.count_output:
+            self.n_counted = end
+
+    def tree(self, n: int, layout: str, budget: int) -> DraftTree:
+        """The draft the kernels wrote to this request's buffers (n nodes), in arrays of its own."""
+        b = self.buffers
+        if layout == "parallel":
+            return DraftTree(*_unmerge(b.tokens[:n], b.parents[:n], b.depths[:n], b.scores[:n], budget))
+        return DraftTree(b.tokens[:n].copy(), b.parents[:n].copy(), b.depths[:n].copy(), b.scores[:n].copy())
+
+    def stream(self):
+        """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),
+        built positionally (half the cost of keywords, and it is built every step)."""
+        return self.make_stream(self.tokens, self.n_counted, self.n_stream, self.n_prompt, self.count_from)
+
+
+def _write_atomically(path, folder: str, write) -> None:
+    """write(f) into a temporary file in `folder`, flush it to disk, then rename it to `path`."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".draftcore-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _unmerge(tokens, parents, depths, scores, budget):

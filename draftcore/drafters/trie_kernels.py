@@ -16,11 +16,17 @@ structs and caches like arrays; no jitclass, no dicts of dicts):
         free    int32[capacity]      stack of free node ids; meta[N_FREE] of them are valid
         root    int32[token_limit]   token -> child of the root holding it, or -1 (O(1) first step)
         meta    int64[8]             N_FREE, ROOT_FIRST (head of the root's child list), N_PRUNES
-        front   int32[branch_length] front[k] = node of the n-gram stream[p-k .. p] after token p
+                                     (prune passes so far: a request's front is valid for one value)
         top     int32[TOP_K, 2]      (node, token) of the root's heaviest children, best first (-1: none)
         top_w   float32[TOP_K + 1]   their weights; top_w[TOP_K] is the total weight of the root's
                                      children (exact at all times: kept up to date as counts grow,
                                      recomputed after anything that lowers counts)
+        own     float32[slots, capacity, 2]  each live request's own counts: OWN_PROMPT, OWN_RECENT
+                                     (zero for a free node and for a slot no request holds)
+        live    bool[slots]          which slots a request holds
+    Cursor        where one request stands in the shared trie: its slot, front (int32[branch_length],
+                  front[k] = node of the n-gram stream[p-k .. p] after token p) and seen (int64[1]:
+                  the N_PRUNES its front was computed at; any prune may free a front node)
     Settings      the drafter's fixed configuration: max_match, prompt_weight, recent_weight,
                   min_stage_nodes, fill, use_top, mode (MODE_HIERARCHICAL or MODE_SINGLE)
     Stream        a request's tokens: tokens[:end] is the stream so far (prompt first, n_prompt
@@ -42,8 +48,17 @@ own text — prompt and output — can be weighted above the history of earlier 
 At the end of a request its PROMPT counts are removed (branch eliminating), RECENT is zeroed and
 the nodes of its branches that fell below 1 are freed; OUTPUT counts persist across requests.
 
+Concurrent requests. Any number of requests may be in progress on one trie (their kernel calls
+are serialised by the caller). OUTPUT is shared: every request's output teaches every other one.
+A request's PROMPT and RECENT counts are its own: they live in its slot of `own`, and a request's
+weights (retrieval stages 1 and longer) read only its own, so one request never drafts from
+another's prompt. The node rows' PROMPT and RECENT columns hold the sums over live requests: they
+keep a live prompt branch from being pruned and rank the root's children for stage 0 (`top`,
+shared). With one request in progress the two agree exactly and everything below reads as
+written for one request.
+
 Capacity. A token creates at most branch_length nodes. Before each token, if fewer are free, OUTPUT
-and RECENT are halved and every node whose PROMPT + OUTPUT falls below 1 is freed with its subtree
+and RECENT (shared and every live request's own) are halved and every node whose PROMPT + OUTPUT falls below 1 is freed with its subtree
 (node pruning), repeated until an eighth of the pool is free or nothing more can be freed (only
 live prompt branches remain); then a node that cannot be allocated is simply not created.
 
@@ -64,6 +79,7 @@ import numpy as np
 
 TOKEN, PARENT, CHILD, SIBLING = 0, 1, 2, 3
 PROMPT, OUTPUT, RECENT = 4, 5, 6  # float32 columns of the node rows
+OWN_PROMPT, OWN_RECENT = 0, 1     # columns of a request's own counts
 ROW = 8
 N_FREE, ROOT_FIRST, N_PRUNES = 0, 1, 2
 ROOT, FREE = -1, -2
@@ -72,14 +88,15 @@ TOP_K = 64             # stage-0 candidates kept
 CANDIDATES = 1 << 12   # candidate workspace (at least 4 * (budget + 2)): the list, kept in its
                        # middle, never holds more than 2 * budget + 1 entries
 
-TrieState = namedtuple("TrieState", "links freq free root meta front top top_w")
+TrieState = namedtuple("TrieState", "links freq free root meta top top_w own live")
+Cursor = namedtuple("Cursor", "slot front seen")
 Settings = namedtuple("Settings", "max_match prompt_weight recent_weight min_stage_nodes fill use_top mode")
 Stream = namedtuple("Stream", "tokens begin end n_prompt count_from")
 DraftBuffers = namedtuple("DraftBuffers",
                           "tokens parents depths scores first_child next_sibling cand_scores cand_items")
 
 
-def new_state(capacity: int, branch_length: int, token_limit: int) -> TrieState:
+def new_state(capacity: int, token_limit: int, slots: int) -> TrieState:
     links = np.full((capacity, ROW), -1, np.int32)
     links[:, PARENT] = FREE
     freq = links.view(np.float32)
@@ -89,9 +106,23 @@ def new_state(capacity: int, branch_length: int, token_limit: int) -> TrieState:
     meta = np.zeros(8, np.int64)
     meta[N_FREE] = capacity
     meta[ROOT_FIRST] = -1
-    return TrieState(links=links, freq=freq, free=free, root=root, meta=meta,
-                     front=np.full(branch_length, -1, np.int32), top=np.full((TOP_K, 2), -1, np.int32),
-                     top_w=np.zeros(TOP_K + 1, np.float32))
+    return TrieState(links=links, freq=freq, free=free, root=root, meta=meta, top=np.full((TOP_K, 2), -1, np.int32),
+                     top_w=np.zeros(TOP_K + 1, np.float32), own=np.zeros((slots, capacity, 2), np.float32),
+                     live=np.zeros(slots, np.bool_))
+
+
+def with_slots(state: TrieState, slots: int) -> TrieState:
+    """The same trie with room for `slots` concurrent requests (the live ones keep theirs)."""
+    own = np.zeros((slots,) + state.own.shape[1:], np.float32)
+    live = np.zeros(slots, np.bool_)
+    n = min(slots, state.live.shape[0])
+    own[:n], live[:n] = state.own[:n], state.live[:n]
+    return state._replace(own=own, live=live)
+
+
+def new_cursor(slot: int, branch_length: int, n_prunes: int) -> Cursor:
+    """A request's cursor: no branch counted yet (front all -1, valid until the next prune)."""
+    return Cursor(slot=slot, front=np.full(branch_length, -1, np.int32), seen=np.full(1, n_prunes, np.int64))
 
 
 def new_buffers(budget: int) -> DraftBuffers:
@@ -156,6 +187,8 @@ def _free_subtree(state, top_node):
         links[node, CHILD] = -1
         links[node, SIBLING] = -1
         freq[node, PROMPT] = freq[node, OUTPUT] = freq[node, RECENT] = 0.0
+        for slot in range(state.own.shape[0]):
+            state.own[slot, node, OWN_PROMPT] = state.own[slot, node, OWN_RECENT] = 0.0
         state.free[meta[N_FREE]] = node
         meta[N_FREE] += 1
 
@@ -209,9 +242,11 @@ def _prune(state):
 
 @nb.njit(cache=True)
 def make_room(state, target):
-    """Halve OUTPUT and RECENT and prune until `target` nodes are free or nothing more can be freed."""
-    links, freq, meta = state.links, state.freq, state.meta
+    """Halve OUTPUT and RECENT (the live requests' own RECENT too) and prune until `target` nodes
+    are free or nothing more can be freed."""
+    links, freq, meta, own = state.links, state.freq, state.meta, state.own
     capacity = links.shape[0]
+    live = np.flatnonzero(state.live)
     for _ in range(64):
         if meta[N_FREE] >= target:
             return
@@ -220,19 +255,21 @@ def make_room(state, target):
             if links[i, PARENT] != FREE:
                 freq[i, OUTPUT] *= 0.5
                 freq[i, RECENT] *= 0.5
+                for slot in live:
+                    own[slot, i, OWN_RECENT] *= 0.5
                 largest_output = max(largest_output, freq[i, OUTPUT])
         freed = _prune(state)
         if freed == 0 and largest_output < 1.0:
-            return  # only prompt branches of the live request are left
+            return  # only prompt branches of live requests are left
 
 
 # -- counting ------------------------------------------------------------------------------------
 
 @nb.njit(cache=True)
-def _refresh_front(state, stream, n_stream):
+def _refresh_front(state, stream, front, n_stream):
     """Recompute front[k] = node of tokens[n_stream-1-k .. n_stream-1] (after a prune); branches
     starting before stream.count_from are not counted, so they get no front node."""
-    links, root, front, tokens = state.links, state.root, state.front, stream.tokens
+    links, root, tokens = state.links, state.root, stream.tokens
     for k in range(front.shape[0]):
         front[k] = -1
         s = n_stream - 1 - k
@@ -247,20 +284,24 @@ def _refresh_front(state, stream, n_stream):
 
 
 @nb.njit(cache=True)
-def extend(state, settings, stream):
-    """Count the branches that stream.tokens[begin:end] extend (module docstring, "Counting").
-
-    state.front must describe tokens[:begin] (all -1 when begin == count_from).
-    """
-    links, freq, meta, front, top, top_w = state.links, state.freq, state.meta, state.front, state.top, state.top_w
+def extend(state, settings, stream, cursor):
+    """Count the branches that stream.tokens[begin:end] extend (module docstring, "Counting") for
+    the request at `cursor`; cursor.front describes tokens[:begin] unless a prune came since."""
+    links, freq, meta, top, top_w = state.links, state.freq, state.meta, state.top, state.top_w
+    own = state.own[cursor.slot]
+    front = cursor.front
     tokens, n_prompt, count_from = stream.tokens, stream.n_prompt, stream.count_from
     capacity = links.shape[0]
     branch_length = front.shape[0]
+    if cursor.seen[0] != meta[N_PRUNES]:  # this or another request pruned: front nodes may be gone
+        _refresh_front(state, stream, front, stream.begin)
+        cursor.seen[0] = meta[N_PRUNES]
     pruned = False
     for p in range(stream.begin, stream.end):
         if meta[N_FREE] < branch_length:
             make_room(state, max(branch_length, capacity // 8))
-            _refresh_front(state, stream, p)
+            _refresh_front(state, stream, front, p)
+            cursor.seen[0] = meta[N_PRUNES]
             pruned = True
         token = tokens[p]
         # From the longest branch down, so front[k-1] is read before it is overwritten.
@@ -274,10 +315,12 @@ def extend(state, settings, stream):
             if node >= 0:
                 if p - k < n_prompt:
                     freq[node, PROMPT] += 1.0
+                    own[node, OWN_PROMPT] += 1.0
                     added = settings.prompt_weight
                 else:
                     freq[node, OUTPUT] += 1.0
                     freq[node, RECENT] += 1.0
+                    own[node, OWN_RECENT] += 1.0
                     added = 1.0 + settings.recent_weight
                 if k == 0:
                     top_w[TOP_K] += added
@@ -288,13 +331,15 @@ def extend(state, settings, stream):
 
 
 @nb.njit(cache=True)
-def end_request(state, settings, stream, keep_prompt):
-    """Branch eliminating: walk every branch of stream.tokens[:end], remove the PROMPT counts of the
-    counted prompt branches (with `keep_prompt` they become OUTPUT counts instead) and zero RECENT;
-    then free what fell below 1 on those branches (a local prune: the child lists the walk touched,
-    not the whole pool, so a request's end costs its own length, not the pool's size)."""
+def end_request(state, settings, stream, cursor, keep_prompt):
+    """Branch eliminating for the request at `cursor`: walk every branch of stream.tokens[:end],
+    remove its own PROMPT counts (with `keep_prompt` they become OUTPUT counts instead) and its own
+    RECENT counts, from its slot and from the sums; then free what fell below 1 on those branches
+    (a local prune: the child lists the walk touched, not the whole pool, so a request's end costs
+    its own length, not the pool's size). The slot is left all zero."""
     links, freq, root, tokens = state.links, state.freq, state.root, stream.tokens
-    branch_length, n_stream = state.front.shape[0], stream.end
+    own = state.own[cursor.slot]
+    branch_length, n_stream = cursor.front.shape[0], stream.end
     touched = [ROOT][:0]  # parents of nodes that fell below 1 (ROOT included), typed int64
     for s in range(n_stream):
         counted_prompt = stream.count_from <= s < stream.n_prompt
@@ -305,10 +350,16 @@ def end_request(state, settings, stream, keep_prompt):
             if node < 0:
                 break
             if counted_prompt:
-                freq[node, PROMPT] = max(freq[node, PROMPT] - 1.0, 0.0)
+                before = own[node, OWN_PROMPT]
+                after = max(before - 1.0, 0.0)
+                own[node, OWN_PROMPT] = after
+                freq[node, PROMPT] = max(freq[node, PROMPT] - (before - after), 0.0)
                 if keep_prompt:
                     freq[node, OUTPUT] += 1.0
-            freq[node, RECENT] = 0.0
+            recent = own[node, OWN_RECENT]
+            if recent != 0.0:
+                freq[node, RECENT] = max(freq[node, RECENT] - recent, 0.0)
+                own[node, OWN_RECENT] = 0.0
             # Prompt walks come first and only lower counts (or, with keep_prompt, never lower
             # them), so a node below 1 here stays below 1: it goes with its subtree, and the rest
             # of this walk lies in that subtree.
@@ -339,7 +390,15 @@ def _prune_lists(state, parents):
 
 @nb.njit(cache=True, inline="always")
 def _weight(freq, node, settings):
+    """A node's weight over every live request (stage 0 and `top`)."""
     return (settings.prompt_weight * freq[node, PROMPT] + settings.recent_weight * freq[node, RECENT]
+            + freq[node, OUTPUT])
+
+
+@nb.njit(cache=True, inline="always")
+def _own_weight(freq, own, node, settings):
+    """A node's weight for one request (`own`: its slot): its own prompt and recent counts."""
+    return (settings.prompt_weight * own[node, OWN_PROMPT] + settings.recent_weight * own[node, OWN_RECENT]
             + freq[node, OUTPUT])
 
 
@@ -437,10 +496,11 @@ def _raise_in_top(top, top_w, node, token, weight):
 
 
 @nb.njit(cache=True)
-def _match(state, context, m):
+def _match(state, front, context, m):
     """Node of the last m context tokens, or -1. front[m-1] usually is that node already (the
-    context is the stream `extend` has seen); checking it costs m parent hops, no sibling scans."""
-    links, front = state.links, state.front
+    context is the stream `extend` has seen); checking it costs m parent hops, no sibling scans,
+    and holds even if a prune freed or reused the node (the hops would not lead to the root)."""
+    links = state.links
     n_context = context.shape[0]
     if m <= front.shape[0]:
         node = front[m - 1]
@@ -459,7 +519,7 @@ def _match(state, context, m):
 
 
 @nb.njit(cache=True)
-def _select(state, settings, buffers, n_out, budget, lo, hi, expand):
+def _select(state, settings, own, buffers, n_out, budget, lo, hi, expand):
     """Take candidates best-first from the list buffers.cand_*[lo:hi] into the draft (n_out nodes
     so far), offering each taken node's children in turn; a candidate whose (draft parent, token)
     exists already merges into that node. A child's score is its parent's times w(child) / w(parent).
@@ -492,19 +552,19 @@ def _select(state, settings, buffers, n_out, budget, lo, hi, expand):
             n_out += 1
         if settings.mode == MODE_SINGLE:
             lo = hi = middle  # one branch: only children of the node just taken compete next
-        w_node = _weight(freq, node, settings)
+        w_node = _own_weight(freq, own, node, settings)
         if w_node <= 0.0 or not expand:
             continue
         c = links[node, CHILD]
         while c >= 0:
             lo, hi = _offer(cs, ci, lo, hi, budget + n_start - n_out,
-                            np.float32(score * (_weight(freq, c, settings) / w_node)), c, d, links[c, TOKEN])
+                            np.float32(score * (_own_weight(freq, own, c, settings) / w_node)), c, d, links[c, TOKEN])
             c = links[c, SIBLING]
     return n_out
 
 
 @nb.njit(cache=True)
-def _stage(state, settings, buffers, matched, n_out, budget):
+def _stage(state, settings, own, buffers, matched, n_out, budget):
     """Offer one stage's first candidates (children of `matched`, or state.top for stage 0 when
     matched == ROOT) and select from them; returns the new n_out."""
     links, freq, top, top_w = state.links, state.freq, state.top, state.top_w
@@ -518,22 +578,24 @@ def _stage(state, settings, buffers, matched, n_out, budget):
             if node >= 0 and total > 0.0:
                 lo, hi = _offer(cs, ci, lo, hi, room, np.float32(top_w[i] / total), node, 0, token)
     else:
-        w_matched = _weight(freq, matched, settings)
+        w_matched = _own_weight(freq, own, matched, settings)
         if w_matched <= 0.0:
             return n_out
         c = links[matched, CHILD]
         while c >= 0:
-            lo, hi = _offer(cs, ci, lo, hi, room, np.float32(_weight(freq, c, settings) / w_matched),
+            lo, hi = _offer(cs, ci, lo, hi, room, np.float32(_own_weight(freq, own, c, settings) / w_matched),
                             c, 0, links[c, TOKEN])
             c = links[c, SIBLING]
-    return _select(state, settings, buffers, n_out, budget, lo, hi, matched != ROOT)
+    return _select(state, settings, own, buffers, n_out, budget, lo, hi, matched != ROOT)
 
 
 @nb.njit(cache=True)
-def retrieve(state, settings, buffers, context, budget):
+def retrieve(state, settings, cursor, buffers, context, budget):
     """Draft tree continuing `context` (module docstring, "Retrieval"), written to buffers.tokens,
     parents, depths and scores; returns its node count n (root included, at most budget + 1),
-    nodes in best-first order. The buffers must hold budget + 1 nodes (new_buffers(budget))."""
+    nodes in best-first order, weighted for the request at `cursor`. The buffers must hold
+    budget + 1 nodes (new_buffers(budget))."""
+    own = state.own[cursor.slot]
     buffers.tokens[0], buffers.parents[0], buffers.depths[0] = context[context.shape[0] - 1], -1, 0
     buffers.first_child[0] = buffers.next_sibling[0] = -1
     buffers.scores[0] = 1.0
@@ -543,14 +605,14 @@ def retrieve(state, settings, buffers, context, budget):
     for m in range(min(settings.max_match, context.shape[0]), last - 1, -1):
         if n_out > budget:
             break
-        matched = ROOT if m == 0 else _match(state, context, m)
+        matched = ROOT if m == 0 else _match(state, cursor.front, context, m)
         if matched < 0 and m > 0:
             continue
         if settings.fill:
-            n_out = _stage(state, settings, buffers, matched, n_out, budget)
+            n_out = _stage(state, settings, own, buffers, matched, n_out, budget)
         else:
             buffers.first_child[0] = -1
-            n_got = _stage(state, settings, buffers, matched, 1, budget)
+            n_got = _stage(state, settings, own, buffers, matched, 1, budget)
             if n_got - 1 >= settings.min_stage_nodes:
                 return n_got
             if n_got > 1 and fallback == -2:
@@ -558,19 +620,19 @@ def retrieve(state, settings, buffers, context, budget):
         if settings.mode == MODE_SINGLE and n_out > 1:
             break  # a single branch comes from one stage
     if fallback != -2:  # redo the stage that won (cheaper than keeping a copy of every stage)
-        matched = ROOT if fallback == 0 else _match(state, context, fallback)
+        matched = ROOT if fallback == 0 else _match(state, cursor.front, context, fallback)
         buffers.first_child[0] = -1
-        n_out = _stage(state, settings, buffers, matched, 1, budget)
+        n_out = _stage(state, settings, own, buffers, matched, 1, budget)
     return n_out
 
 
 @nb.njit(cache=True)
-def step(state, settings, stream, buffers, context, budget):
+def step(state, settings, stream, cursor, buffers, context, budget):
     """One decode step in one call (a numba dispatch costs about a microsecond): count the tokens
     accepted since the last step, then draft the continuation of `context` (usually the stream
-    itself, whose suffix nodes state.front already holds; any other context is matched from the root)."""
-    extend(state, settings, stream)
-    return retrieve(state, settings, buffers, context, budget)
+    itself, whose suffix nodes cursor.front already holds; any other context is matched from the root)."""
+    extend(state, settings, stream, cursor)
+    return retrieve(state, settings, cursor, buffers, context, budget)
 
 
 # -- checks --------------------------------------------------------------------------------------
@@ -582,9 +644,12 @@ def find_corruption(state):
 
     1 bad free list, 2 bad token / parent, 3 root index disagrees, 4 child list broken (a node
     reached twice, from the wrong parent, or a live node unreachable), 5 a count negative or not
-    finite, or RECENT above OUTPUT, 6 two siblings hold the same token.
+    finite, or RECENT above OUTPUT, 6 two siblings hold the same token, 7 a request's own counts
+    disagree with the sums (PROMPT exactly, RECENT to rounding), are negative, or are not zero
+    where no request or no node holds them.
     """
     links, freq, free, root, meta = state.links, state.freq, state.free, state.root, state.meta
+    own, live = state.own, state.live
     capacity, token_limit = links.shape[0], root.shape[0]
     n_free = meta[N_FREE]
     if n_free < 0 or n_free > capacity or meta[ROOT_FIRST] < -1 or meta[ROOT_FIRST] >= capacity:
@@ -611,6 +676,21 @@ def find_corruption(state):
                 return 5, node
         if freq[node, RECENT] > freq[node, OUTPUT]:
             return 5, node
+    for node in range(capacity):
+        node_free = links[node, PARENT] == FREE
+        own_prompt = 0.0
+        own_recent = 0.0
+        for slot in range(own.shape[0]):
+            p_own, r_own = own[slot, node, OWN_PROMPT], own[slot, node, OWN_RECENT]
+            if (node_free or not live[slot]) and (p_own != 0.0 or r_own != 0.0):
+                return 7, node
+            if not (p_own >= 0.0 and r_own >= 0.0 and np.isfinite(p_own) and np.isfinite(r_own)):
+                return 7, node
+            own_prompt += p_own
+            own_recent += r_own
+        if not node_free and (own_prompt != freq[node, PROMPT]
+                              or abs(own_recent - freq[node, RECENT]) > 1e-3 * max(1.0, freq[node, RECENT])):
+            return 7, node
     for t in range(token_limit):
         node = root[t]
         if node != -1 and (node < 0 or node >= capacity or links[node, PARENT] != ROOT or links[node, TOKEN] != t):
@@ -642,17 +722,20 @@ def find_corruption(state):
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel once, on a throwaway pool (draftcore.jit).
     The argument types must be those TrieDrafter passes, or its first call compiles again."""
-    state = new_state(64, 4, 16)
+    state = new_state(64, 16, 2)
     tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)
     buffers = new_buffers(8)
     for fill in (True, False):
         settings = Settings(max_match=3, prompt_weight=2.0, recent_weight=2.0, min_stage_nodes=2, fill=fill,
                             use_top=True, mode=MODE_HIERARCHICAL if fill else MODE_SINGLE)
-        state.front[:] = -1
-        extend(state, settings, Stream(tokens=tokens, begin=0, end=5, n_prompt=4, count_from=0))
-        retrieve(state, settings, buffers, tokens[:5], 8)
-        step(state, settings, Stream(tokens=tokens, begin=5, end=9, n_prompt=4, count_from=0), buffers, tokens, 8)
+        cursor = new_cursor(1, 4, int(state.meta[N_PRUNES]))
+        state.live[1] = True
+        extend(state, settings, Stream(tokens=tokens, begin=0, end=5, n_prompt=4, count_from=0), cursor)
+        retrieve(state, settings, cursor, buffers, tokens[:5], 8)
+        step(state, settings, Stream(tokens=tokens, begin=5, end=9, n_prompt=4, count_from=0), cursor, buffers,
+             tokens, 8)
         make_room(state, 60)
         refresh_top(state, settings)
-        end_request(state, settings, Stream(tokens=tokens, begin=9, end=9, n_prompt=4, count_from=0), False)
+        end_request(state, settings, Stream(tokens=tokens, begin=9, end=9, n_prompt=4, count_from=0), cursor, False)
+        state.live[1] = False
     find_corruption(state)

@@ -163,34 +163,38 @@ class _TimedDrafter:
 
     def __init__(self, inner):
         self.inner = inner
-        self.returns_valid_trees = getattr(inner, "returns_valid_trees", False)
+        self.request = None  # the inner drafter's request in progress (the inner drafter itself if it serves it)
+        self.returns_valid_trees = False
         self.step_seconds: list[float] = []
         self._pending = 0.0
 
-    def start(self, prompt) -> None:
-        self.inner.start(prompt)
+    def start(self, prompt) -> None:  # None: this wrapper serves the request itself, one at a time
+        self.request = self.inner.start(prompt) or self.inner
+        self.returns_valid_trees = getattr(self.request, "returns_valid_trees", False)
 
     def update(self, tokens) -> None:
         t0 = time.perf_counter()
-        self.inner.update(tokens)
+        self.request.update(tokens)
         self._pending += time.perf_counter() - t0
 
     def propose(self, context, budget):
         t0 = time.perf_counter()
-        tree = self.inner.propose(context, budget)
+        tree = self.request.propose(context, budget)
         self._pending += time.perf_counter() - t0
         return tree
 
     def observe(self, tree, node_tokens, path) -> None:  # called once per verify step
         t0 = time.perf_counter()
-        inner_observe = getattr(self.inner, "observe", None)
+        inner_observe = getattr(self.request, "observe", None)
         if inner_observe is not None:
             inner_observe(tree, node_tokens, path)
         self.step_seconds.append(self._pending + time.perf_counter() - t0)
         self._pending = 0.0
 
     def finish(self) -> None:
-        self.inner.finish()
+        if self.request is not None:
+            self.request.finish()
+        self.request = None
         self._pending = 0.0
 
 
@@ -291,7 +295,7 @@ def _drafter_factory(drafter, session: Session, reset_per_request: bool):
         if reset_per_request:
             return lambda: default_drafter(session.verifier)
         return lambda: session.drafter
-    if not isinstance(drafter, type) and callable(getattr(drafter, "propose", None)):
+    if not isinstance(drafter, type) and callable(getattr(drafter, "start", None)):
         if reset_per_request:
             raise ConfigError("drafter: reset_per_request needs a new drafter per trace; pass a callable "
                               "returning one (e.g. lambda: TrieDrafter(...)) or None, not a Drafter object")
