@@ -11,8 +11,8 @@ from __future__ import annotations
 from .errors import BusyError
 
 # id(object) -> the token of the claim holding it. dict.setdefault is one atomic step under the GIL,
-# so claiming needs no lock, and releasing is done by the holder only. A claim keeps its object
-# alive, so the id cannot be reused while it is held.
+# so claiming needs no lock (a free-threaded CPython build would need one here), and releasing is
+# done by the holder only. A claim keeps its object alive, so the id cannot be reused while it is held.
 _held: dict = {}
 
 
