@@ -200,10 +200,17 @@ class CostAwareBudget:
         if not missing.any():
             return known
         base = 1.0
-        measured = [(self.sizes[i] + window - 1.0, costs[i]) for window, costs in self._cost.items()
-                    for i in np.flatnonzero(~np.isnan(costs))]
-        if measured:
-            extra, seconds = min(measured)
+        # The measured step with the fewest nodes (ties: the cheaper), over every window size: in
+        # each window's table that is its first measured size. Runs every step: no per-entry loop.
+        fewest = None
+        for window, costs in self._cost.items():
+            measured = np.flatnonzero(~np.isnan(costs))
+            if measured.size:
+                i = int(measured[0])
+                candidate = (float(self.sizes[i]) + window - 1.0, float(costs[i]))
+                fewest = candidate if fewest is None else min(fewest, candidate)
+        if fewest is not None:
+            extra, seconds = fewest
             base = seconds / (1.0 + self.optimism * extra)
         known[missing] = (base * growth)[missing]
         return known

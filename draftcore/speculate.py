@@ -308,7 +308,9 @@ def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted) -> 
             limits.max_tree_leaves is not None and _leaf_counts(tree)[1] > limits.max_tree_leaves)):
         tree = tree.without_lookahead()
     keep = min(policy.choose(tree), room, cells - 1 - tree.n_lookahead)
-    if limits.max_tree_leaves is not None:
+    # Each candidate or window node adds at most one leaf (a root-only tree is one leaf): count
+    # leaves only when the tree could hold more than the verifier takes.
+    if limits.max_tree_leaves is not None and max(keep + tree.n_lookahead, 1) > limits.max_tree_leaves:
         keep = min(keep, _most_candidates_within_leaves(tree, keep, limits.max_tree_leaves))
     return tree.with_candidates(keep)
 

@@ -473,7 +473,8 @@ def naive_own_contents(trie: NaiveTrie, request) -> dict:
 
 def pool_own_contents(state, slot: int) -> dict:
     """The same read from a pool's `own` arrays (the request's slot)."""
-    own = state.own[slot]
+    from draftcore.drafters.trie_kernels import own_counts
+    own = own_counts(state, slot)
     return {path: (float(own[node, 0]), float(own[node, 1])) for path, node, _ in _pool_walk(state)
             if node >= 0 and (own[node, 0] != 0.0 or own[node, 1] != 0.0)}
 

@@ -105,7 +105,7 @@ def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie, requests=()):
     assert pool_child_order(state) == naive_child_order(naive)
     assert int(state.meta[N_PRUNES]) == naive.n_prunes  # prune passes so far
     for mine, twin in requests:  # each request's own counts
-        assert pool_own_contents(state, mine._core.cursor.slot) == naive_own_contents(naive, twin)
+        assert pool_own_contents(state, mine._core.slot) == naive_own_contents(naive, twin)
 
 
 def assert_same_tree(tree: DraftTree, expected, budget):
@@ -217,6 +217,28 @@ def test_trie_matches_naive_with_interleaved_requests(seed):
     params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(0, 200))
     ops = random_script(rng, vocab, token_limit, n_requests=6, max_live=3)
     assert sum(op[0] == "start" for op in ops) == 6
+    run_script(params, token_limit, ops, rng)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trie_matches_naive_with_many_requests_in_progress(seed):
+    """More requests at once than the node rows hold own counts for (trie_kernels.INLINE): the
+    rest live in the `own` array, which grows as they arrive."""
+    from draftcore.drafters.trie_kernels import INLINE
+    rng = np.random.default_rng(900 + seed)
+    vocab, token_limit, params = random_params(rng)
+    params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(50, 400))
+    ops = []
+    base = rng.integers(0, vocab, size=20).tolist()
+    n = INLINE + 3
+    for rid in range(n):  # all in progress at once
+        ops.append(("start", rid, random_tokens(rng, base, vocab, int(rng.integers(2, 20)))))
+    for _ in range(6):
+        for rid in rng.permutation(n).tolist():
+            ops.append(("update", rid, random_tokens(rng, base, vocab, int(rng.integers(1, 5)))))
+            ops.append(("propose", rid, None, int(rng.integers(0, 16))))
+    for rid in rng.permutation(n).tolist():
+        ops.append(("finish", rid))
     run_script(params, token_limit, ops, rng)
 
 

@@ -11,7 +11,7 @@ TrieDrafter, each with its own verifier. Save it with `save` (atomic, allowed at
 restore with `load`.
 
     parameter          default   meaning
-    capacity           262144    nodes in the pool (36 bytes each); must exceed 2 * branch_length
+    capacity           262144    nodes in the pool (68 bytes each); must exceed 2 * branch_length
     branch_length      24        tokens per inserted branch (L_b; the paper uses 12)
     max_match          8         longest context suffix matched at retrieval
     prompt_weight      16.0      factor on the current prompt's counts (branch weighting)
@@ -21,8 +21,9 @@ restore with `load`.
     use_top            True      a last stage drafts the most frequent tokens when nothing else fits
     layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
     token_limit        262144    token ids must be below this (size of the root index)
-    max_requests       32        requests in progress at once; each holds 8 bytes per pool node
-                                 while it runs (its own counts), allocated as requests arrive
+    max_requests       32        requests in progress at once; the first 4 keep their own counts in
+                                 the node rows, each further one 8 bytes per pool node (allocated
+                                 as requests arrive)
     insert_prompt, insert_output, eliminate_prompt: the paper's ablations (Table 3), all True
 
 The configuration is fixed at construction (the kernels get it as one Settings value), so the
@@ -139,7 +140,7 @@ class TrieDrafter:
             try:
                 n = self._K.retrieve(self._state, self._settings, core.cursor, core.buffers, context, budget)
             finally:
-                self._state.live[core.cursor.slot] = False  # nothing was counted: the slot is still all zero
+                self._state.live[core.slot] = False  # nothing was counted: the slot is still all zero
         return core.tree(n, self.layout, budget)
 
     @property
@@ -227,7 +228,7 @@ class TrieDrafter:
             drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
         except ConfigError as exc:
             raise InputError(f"path: {str(path)!r} holds an unusable configuration: {exc}") from exc
-        links = np.full((capacity, K.ROW), -1, np.int32)   # the saved columns, packed into node rows
+        links = K.new_rows(capacity)   # the saved columns, packed into node rows
         links[:, :K.SIBLING + 1] = arrays["links"]
         freq = links.view(np.float32)
         freq[:, K.PROMPT:K.RECENT + 1] = arrays["freq"]
@@ -267,7 +268,7 @@ class TrieDrafter:
         """Branch eliminating for one request; frees its slot."""
         self._count(core)
         self._K.end_request(self._state, self._settings, core.stream(), core.cursor, not self.eliminate_prompt)
-        self._state.live[core.cursor.slot] = False
+        self._state.live[core.slot] = False
         core.ended = True
 
     def _end_abandoned(self) -> None:
@@ -287,36 +288,49 @@ class TrieRequest:
     def __init__(self, drafter: TrieDrafter, core: "_RequestCore"):
         self._drafter, self._core = drafter, core
         self._finalizer = weakref.finalize(self, drafter._abandoned.append, core)
+        # What every step reads, looked up once (a step's host work is a few µs; lookups add up).
+        self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
+        self._token_limit, self._settings, self._parallel = drafter.token_limit, drafter._settings, \
+            drafter.layout == "parallel"
 
     def __repr__(self) -> str:
         core = self._core
-        return (f"TrieRequest(slot={core.cursor.slot}, tokens={core.n_stream}, prompt={core.n_prompt}"
+        return (f"TrieRequest(slot={core.slot}, tokens={core.n_stream}, prompt={core.n_prompt}"
                 + (", finished" if core.ended else "") + ")")
 
     def update(self, tokens) -> None:
         """Append accepted tokens; their branches are counted at the next propose (one kernel call
         per step) or when the request finishes."""
-        tokens = token_array("tokens", tokens, vocab_size=self._drafter.token_limit, allow_empty=True)
-        self._check_open("update")
-        self._core.append(tokens)
+        tokens = token_array("tokens", tokens, vocab_size=self._token_limit, allow_empty=True)
+        core = self._core
+        if core.ended:
+            self._refuse("update")
+        core.append(tokens)
 
     def propose(self, context, budget: int) -> DraftTree:
         """Best-first draft tree of at most `budget` nodes continuing `context` (root = context[-1]),
         weighted by this request's own prompt and output; the tree owns its arrays."""
-        drafter, core = self._drafter, self._core
-        context = token_array("context", context, vocab_size=drafter.token_limit)
-        if type(budget) is not int or not 0 <= budget < core.buffers.tokens.shape[0]:
+        core = self._core
+        context = token_array("context", context, vocab_size=self._token_limit)
+        buffers = core.buffers
+        if type(budget) is not int or not 0 <= budget < buffers.tokens.shape[0]:
             budget = positive_int("budget", budget, minimum=0)
-            if budget >= core.buffers.tokens.shape[0]:
-                core.buffers = drafter._K.new_buffers(budget)
-        self._check_open("propose")
-        with drafter._lock:
-            if drafter._abandoned:
-                drafter._end_abandoned()
-            n = drafter._K.step(drafter._state, drafter._settings, core.stream(), core.cursor, core.buffers,
-                                context, budget)
+            if budget >= buffers.tokens.shape[0]:
+                buffers = core.buffers = self._drafter._K.new_buffers(budget)
+        if core.ended:
+            self._refuse("propose")
+        with self._lock:
+            if self._abandoned:
+                self._drafter._end_abandoned()
+            n = self._step(self._drafter._state, self._settings, core.stream(), core.cursor, buffers, context, budget)
             core.n_counted = core.n_stream
-        return core.tree(n, drafter.layout, budget)  # from this request's own buffers: outside the lock
+        # From this request's own buffers, outside the lock. The four output buffers are rows of
+        # one block (new_buffers): one copy, then row views.
+        if self._parallel:
+            return DraftTree(*_unmerge(buffers.tokens[:n], buffers.parents[:n], buffers.depths[:n],
+                                       buffers.scores[:n], budget))
+        rows = buffers.tokens.base[:, :n].copy()
+        return DraftTree(rows[0], rows[1], rows[2], rows[3].view(np.float32))
 
     def finish(self) -> None:
         """Branch eliminating: drop this request's own prompt counts (output counts persist);
@@ -328,9 +342,8 @@ class TrieRequest:
             if not self._core.ended:
                 self._drafter._end(self._core)
 
-    def _check_open(self, what: str) -> None:
-        if self._core.ended:
-            raise InputError(f"request: {what}() called on {self!r}, which has finished; start a new request")
+    def _refuse(self, what: str) -> None:
+        raise InputError(f"request: {what}() called on {self!r}, which has finished; start a new request")
 
 
 class _RequestCore:
@@ -339,6 +352,7 @@ class _RequestCore:
 
     def __init__(self, slot: int, prompt: np.ndarray, drafter: TrieDrafter, count_prompt: bool = True):
         K = drafter._K
+        self.slot = slot
         self.cursor = K.new_cursor(slot, drafter.branch_length, int(drafter._state.meta[K.N_PRUNES]))
         self.tokens = np.empty(max(64, 2 * prompt.shape[0]), np.int32)
         self.tokens[:prompt.shape[0]] = prompt
@@ -367,7 +381,9 @@ class _RequestCore:
         b = self.buffers
         if layout == "parallel":
             return DraftTree(*_unmerge(b.tokens[:n], b.parents[:n], b.depths[:n], b.scores[:n], budget))
-        return DraftTree(b.tokens[:n].copy(), b.parents[:n].copy(), b.depths[:n].copy(), b.scores[:n].copy())
+        # The four output buffers are rows of one block (new_buffers): one copy, then row views.
+        rows = b.tokens.base[:, :n].copy()
+        return DraftTree(rows[0], rows[1], rows[2], rows[3].view(np.float32))
 
     def stream(self):
         """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),

@@ -6,11 +6,12 @@ The kernels take grouped, named values (module-level namedtuples, which numba co
 structs and caches like arrays; no jitclass, no dicts of dicts):
 
     TrieState     the trie, built by `new_state`; its arrays are changed in place:
-        links   int32[capacity, 8]   TOKEN, PARENT, CHILD (first child), SIBLING (next sibling), then
+        links   int32[capacity, ROW] TOKEN, PARENT, CHILD (first child), SIBLING (next sibling), then
                                      the counts; PARENT == ROOT (-1) for a child of the (virtual)
                                      root, PARENT == FREE (-2) for a node on the free list
-        freq    float32[capacity, 8] the same memory seen as float32: PROMPT, OUTPUT, RECENT branch
-                                     counts (below) in columns 4-6. One 32-byte row per node, so a
+        freq    float32[capacity, ROW] the same memory seen as float32: PROMPT, OUTPUT, RECENT branch
+                                     counts (below) in columns 4-6, the own counts of request slots
+                                     0 .. INLINE-1 in columns 8-15. One 64-byte row per node, so a
                                      node's links and counts share a cache line (retrieval reads both
                                      for every candidate, and misses dominate its time).
         free    int32[capacity]      stack of free node ids; meta[N_FREE] of them are valid
@@ -21,12 +22,17 @@ structs and caches like arrays; no jitclass, no dicts of dicts):
         top_w   float32[TOP_K + 1]   their weights; top_w[TOP_K] is the total weight of the root's
                                      children (exact at all times: kept up to date as counts grow,
                                      recomputed after anything that lowers counts)
-        own     float32[slots, capacity, 2]  each live request's own counts: OWN_PROMPT, OWN_RECENT
-                                     (zero for a free node and for a slot no request holds)
+        own     float32[slots - INLINE, capacity, 2]  the own counts (OWN_PROMPT, OWN_RECENT) of
+                                     slots INLINE and up; those of slots 0 .. INLINE-1 live in columns
+                                     OWN_COL.. of the node rows, so a request's weight is read from the
+                                     cache line that holds the node's links (`_own_view` hides where).
+                                     Zero for a free node and for a slot no request holds.
         live    bool[slots]          which slots a request holds
-    Cursor        where one request stands in the shared trie: its slot, front (int32[branch_length],
-                  front[k] = node of the n-gram stream[p-k .. p] after token p) and seen (int64[1]:
-                  the N_PRUNES its front was computed at; any prune may free a front node)
+    cursor        int64[CURSOR_FRONT + branch_length]: where one request stands in the shared trie —
+                  cursor[CURSOR_SLOT] its slot, cursor[CURSOR_SEEN] the N_PRUNES its front was
+                  computed at (any prune may free a front node), cursor[CURSOR_FRONT + k] = front[k]
+                  = node of the n-gram stream[p-k .. p] after token p. One array, not a tuple of
+                  three, because every kernel call unboxes its arguments (~0.2 µs an array).
     Settings      the drafter's fixed configuration: max_match, prompt_weight, recent_weight,
                   min_stage_nodes, fill, use_top, mode (MODE_HIERARCHICAL or MODE_SINGLE)
     Stream        a request's tokens: tokens[:end] is the stream so far (prompt first, n_prompt
@@ -80,7 +86,9 @@ import numpy as np
 TOKEN, PARENT, CHILD, SIBLING = 0, 1, 2, 3
 PROMPT, OUTPUT, RECENT = 4, 5, 6  # float32 columns of the node rows
 OWN_PROMPT, OWN_RECENT = 0, 1     # columns of a request's own counts
-ROW = 8
+OWN_COL = 8            # columns 8 .. 15 of a node row: the own counts of the first INLINE slots
+INLINE = 4             # request slots whose own counts live in the node row (one cache line)
+ROW = OWN_COL + 2 * INLINE
 N_FREE, ROOT_FIRST, N_PRUNES = 0, 1, 2
 ROOT, FREE = -1, -2
 MODE_HIERARCHICAL, MODE_SINGLE = 0, 1
@@ -89,7 +97,7 @@ CANDIDATES = 1 << 12   # candidate workspace (at least 4 * (budget + 2)): the li
                        # middle, never holds more than 2 * budget + 1 entries
 
 TrieState = namedtuple("TrieState", "links freq free root meta top top_w own live")
-Cursor = namedtuple("Cursor", "slot front seen")
+CURSOR_SLOT, CURSOR_SEEN, CURSOR_FRONT = 0, 1, 2
 Settings = namedtuple("Settings", "max_match prompt_weight recent_weight min_stage_nodes fill use_top mode")
 Stream = namedtuple("Stream", "tokens begin end n_prompt count_from")
 DraftBuffers = namedtuple("DraftBuffers",
@@ -97,41 +105,61 @@ DraftBuffers = namedtuple("DraftBuffers",
 
 
 def new_state(capacity: int, token_limit: int, slots: int) -> TrieState:
-    links = np.full((capacity, ROW), -1, np.int32)
+    links = new_rows(capacity)
     links[:, PARENT] = FREE
-    freq = links.view(np.float32)
-    freq[:, PROMPT:RECENT + 1] = 0.0
     free = np.arange(capacity - 1, -1, -1, dtype=np.int32)  # pop order 0, 1, 2, ...
     root = np.full(token_limit, -1, np.int32)
     meta = np.zeros(8, np.int64)
     meta[N_FREE] = capacity
     meta[ROOT_FIRST] = -1
-    return TrieState(links=links, freq=freq, free=free, root=root, meta=meta, top=np.full((TOP_K, 2), -1, np.int32),
-                     top_w=np.zeros(TOP_K + 1, np.float32), own=np.zeros((slots, capacity, 2), np.float32),
-                     live=np.zeros(slots, np.bool_))
+    return TrieState(links=links, freq=links.view(np.float32), free=free, root=root, meta=meta,
+                     top=np.full((TOP_K, 2), -1, np.int32), top_w=np.zeros(TOP_K + 1, np.float32),
+                     own=np.zeros((max(slots - INLINE, 0), capacity, 2), np.float32), live=np.zeros(slots, np.bool_))
+
+
+def new_rows(capacity: int) -> np.ndarray:
+    """int32[capacity, ROW] node rows: links -1, every count (as float32) 0."""
+    links = np.full((capacity, ROW), -1, np.int32)
+    freq = links.view(np.float32)
+    freq[:, PROMPT:RECENT + 1] = 0.0
+    freq[:, OWN_COL:] = 0.0
+    return links
 
 
 def with_slots(state: TrieState, slots: int) -> TrieState:
     """The same trie with room for `slots` concurrent requests (the live ones keep theirs)."""
-    own = np.zeros((slots,) + state.own.shape[1:], np.float32)
+    own = np.zeros((max(slots - INLINE, 0),) + state.own.shape[1:], np.float32)
     live = np.zeros(slots, np.bool_)
+    n = min(own.shape[0], state.own.shape[0])
+    own[:n] = state.own[:n]
     n = min(slots, state.live.shape[0])
-    own[:n], live[:n] = state.own[:n], state.live[:n]
+    live[:n] = state.live[:n]
     return state._replace(own=own, live=live)
 
 
-def new_cursor(slot: int, branch_length: int, n_prunes: int) -> Cursor:
+def own_counts(state: TrieState, slot: int) -> np.ndarray:
+    """float32[capacity, 2] view of one slot's own counts (for tests and reports)."""
+    if slot < INLINE:
+        return state.freq[:, OWN_COL + 2 * slot:OWN_COL + 2 * slot + 2]
+    return state.own[slot - INLINE]
+
+
+def new_cursor(slot: int, branch_length: int, n_prunes: int) -> np.ndarray:
     """A request's cursor: no branch counted yet (front all -1, valid until the next prune)."""
-    return Cursor(slot=slot, front=np.full(branch_length, -1, np.int32), seen=np.full(1, n_prunes, np.int64))
+    cursor = np.full(CURSOR_FRONT + branch_length, -1, np.int64)
+    cursor[CURSOR_SLOT], cursor[CURSOR_SEEN] = slot, n_prunes
+    return cursor
 
 
 def new_buffers(budget: int) -> DraftBuffers:
-    """Buffers for drafts of at most `budget` nodes besides the root."""
+    """Buffers for drafts of at most `budget` nodes besides the root. The draft's tokens, parents,
+    depths and scores are the rows of one int32[4, budget + 1] block (`tokens.base`; scores seen as
+    float32), so a caller copies a draft out in one go."""
     n, n_candidates = budget + 1, max(CANDIDATES, 4 * (budget + 2))
-    return DraftBuffers(tokens=np.empty(n, np.int32), parents=np.empty(n, np.int32), depths=np.empty(n, np.int32),
-                        scores=np.empty(n, np.float32), first_child=np.empty(n, np.int32),
-                        next_sibling=np.empty(n, np.int32), cand_scores=np.empty(n_candidates, np.float32),
-                        cand_items=np.empty((n_candidates, 3), np.int32))
+    block = np.empty((4, n), np.int32)
+    return DraftBuffers(tokens=block[0], parents=block[1], depths=block[2], scores=block[3].view(np.float32),
+                        first_child=np.empty(n, np.int32), next_sibling=np.empty(n, np.int32),
+                        cand_scores=np.empty(n_candidates, np.float32), cand_items=np.empty((n_candidates, 3), np.int32))
 
 
 # -- the pool ------------------------------------------------------------------------------------
@@ -146,6 +174,15 @@ def _child(links, root, parent, token):
             return c
         c = links[c, SIBLING]
     return -1
+
+
+@nb.njit(cache=True, inline="always")
+def _own_view(state, slot):
+    """[capacity, 2] view of a slot's own counts: columns of the node rows for the first INLINE
+    slots (read with the node's links, no further cache miss), the `own` array for the rest."""
+    if slot < INLINE:
+        return state.freq[:, OWN_COL + 2 * slot:OWN_COL + 2 * slot + 2]
+    return state.own[slot - INLINE, :, :]
 
 
 @nb.njit(cache=True)
@@ -187,6 +224,8 @@ def _free_subtree(state, top_node):
         links[node, CHILD] = -1
         links[node, SIBLING] = -1
         freq[node, PROMPT] = freq[node, OUTPUT] = freq[node, RECENT] = 0.0
+        for col in range(OWN_COL, ROW):
+            freq[node, col] = 0.0
         for slot in range(state.own.shape[0]):
             state.own[slot, node, OWN_PROMPT] = state.own[slot, node, OWN_RECENT] = 0.0
         state.free[meta[N_FREE]] = node
@@ -244,7 +283,7 @@ def _prune(state):
 def make_room(state, target):
     """Halve OUTPUT and RECENT (the live requests' own RECENT too) and prune until `target` nodes
     are free or nothing more can be freed."""
-    links, freq, meta, own = state.links, state.freq, state.meta, state.own
+    links, freq, meta = state.links, state.freq, state.meta
     capacity = links.shape[0]
     live = np.flatnonzero(state.live)
     for _ in range(64):
@@ -256,7 +295,8 @@ def make_room(state, target):
                 freq[i, OUTPUT] *= 0.5
                 freq[i, RECENT] *= 0.5
                 for slot in live:
-                    own[slot, i, OWN_RECENT] *= 0.5
+                    own = _own_view(state, slot)
+                    own[i, OWN_RECENT] *= 0.5
                 largest_output = max(largest_output, freq[i, OUTPUT])
         freed = _prune(state)
         if freed == 0 and largest_output < 1.0:
@@ -286,22 +326,22 @@ def _refresh_front(state, stream, front, n_stream):
 @nb.njit(cache=True)
 def extend(state, settings, stream, cursor):
     """Count the branches that stream.tokens[begin:end] extend (module docstring, "Counting") for
-    the request at `cursor`; cursor.front describes tokens[:begin] unless a prune came since."""
+    the request at `cursor`; its front describes tokens[:begin] unless a prune came since."""
     links, freq, meta, top, top_w = state.links, state.freq, state.meta, state.top, state.top_w
-    own = state.own[cursor.slot]
-    front = cursor.front
+    own = _own_view(state, cursor[CURSOR_SLOT])
+    front = cursor[CURSOR_FRONT:]
     tokens, n_prompt, count_from = stream.tokens, stream.n_prompt, stream.count_from
     capacity = links.shape[0]
     branch_length = front.shape[0]
-    if cursor.seen[0] != meta[N_PRUNES]:  # this or another request pruned: front nodes may be gone
+    if cursor[CURSOR_SEEN] != meta[N_PRUNES]:  # this or another request pruned: front nodes may be gone
         _refresh_front(state, stream, front, stream.begin)
-        cursor.seen[0] = meta[N_PRUNES]
+        cursor[CURSOR_SEEN] = meta[N_PRUNES]
     pruned = False
     for p in range(stream.begin, stream.end):
         if meta[N_FREE] < branch_length:
             make_room(state, max(branch_length, capacity // 8))
             _refresh_front(state, stream, front, p)
-            cursor.seen[0] = meta[N_PRUNES]
+            cursor[CURSOR_SEEN] = meta[N_PRUNES]
             pruned = True
         token = tokens[p]
         # From the longest branch down, so front[k-1] is read before it is overwritten.
@@ -338,8 +378,8 @@ def end_request(state, settings, stream, cursor, keep_prompt):
     (a local prune: the child lists the walk touched, not the whole pool, so a request's end costs
     its own length, not the pool's size). The slot is left all zero."""
     links, freq, root, tokens = state.links, state.freq, state.root, stream.tokens
-    own = state.own[cursor.slot]
-    branch_length, n_stream = cursor.front.shape[0], stream.end
+    own = _own_view(state, cursor[CURSOR_SLOT])
+    branch_length, n_stream = cursor.shape[0] - CURSOR_FRONT, stream.end
     touched = [ROOT][:0]  # parents of nodes that fell below 1 (ROOT included), typed int64
     for s in range(n_stream):
         counted_prompt = stream.count_from <= s < stream.n_prompt
@@ -595,7 +635,8 @@ def retrieve(state, settings, cursor, buffers, context, budget):
     parents, depths and scores; returns its node count n (root included, at most budget + 1),
     nodes in best-first order, weighted for the request at `cursor`. The buffers must hold
     budget + 1 nodes (new_buffers(budget))."""
-    own = state.own[cursor.slot]
+    own = _own_view(state, cursor[CURSOR_SLOT])
+    front = cursor[CURSOR_FRONT:]
     buffers.tokens[0], buffers.parents[0], buffers.depths[0] = context[context.shape[0] - 1], -1, 0
     buffers.first_child[0] = buffers.next_sibling[0] = -1
     buffers.scores[0] = 1.0
@@ -605,7 +646,7 @@ def retrieve(state, settings, cursor, buffers, context, budget):
     for m in range(min(settings.max_match, context.shape[0]), last - 1, -1):
         if n_out > budget:
             break
-        matched = ROOT if m == 0 else _match(state, cursor.front, context, m)
+        matched = ROOT if m == 0 else _match(state, front, context, m)
         if matched < 0 and m > 0:
             continue
         if settings.fill:
@@ -620,7 +661,7 @@ def retrieve(state, settings, cursor, buffers, context, budget):
         if settings.mode == MODE_SINGLE and n_out > 1:
             break  # a single branch comes from one stage
     if fallback != -2:  # redo the stage that won (cheaper than keeping a copy of every stage)
-        matched = ROOT if fallback == 0 else _match(state, cursor.front, context, fallback)
+        matched = ROOT if fallback == 0 else _match(state, front, context, fallback)
         buffers.first_child[0] = -1
         n_out = _stage(state, settings, own, buffers, matched, 1, budget)
     return n_out
@@ -630,7 +671,7 @@ def retrieve(state, settings, cursor, buffers, context, budget):
 def step(state, settings, stream, cursor, buffers, context, budget):
     """One decode step in one call (a numba dispatch costs about a microsecond): count the tokens
     accepted since the last step, then draft the continuation of `context` (usually the stream
-    itself, whose suffix nodes cursor.front already holds; any other context is matched from the root)."""
+    itself, whose suffix nodes the cursor's front already holds; any other context is matched from the root)."""
     extend(state, settings, stream, cursor)
     return retrieve(state, settings, cursor, buffers, context, budget)
 
@@ -649,7 +690,7 @@ def find_corruption(state):
     where no request or no node holds them.
     """
     links, freq, free, root, meta = state.links, state.freq, state.free, state.root, state.meta
-    own, live = state.own, state.live
+    live = state.live
     capacity, token_limit = links.shape[0], root.shape[0]
     n_free = meta[N_FREE]
     if n_free < 0 or n_free > capacity or meta[ROOT_FIRST] < -1 or meta[ROOT_FIRST] >= capacity:
@@ -680,8 +721,9 @@ def find_corruption(state):
         node_free = links[node, PARENT] == FREE
         own_prompt = 0.0
         own_recent = 0.0
-        for slot in range(own.shape[0]):
-            p_own, r_own = own[slot, node, OWN_PROMPT], own[slot, node, OWN_RECENT]
+        for slot in range(live.shape[0]):
+            slot_own = _own_view(state, slot)
+            p_own, r_own = slot_own[node, OWN_PROMPT], slot_own[node, OWN_RECENT]
             if (node_free or not live[slot]) and (p_own != 0.0 or r_own != 0.0):
                 return 7, node
             if not (p_own >= 0.0 and r_own >= 0.0 and np.isfinite(p_own) and np.isfinite(r_own)):
