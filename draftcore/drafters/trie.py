@@ -46,6 +46,7 @@ from ..validate import positive_float, positive_int, token_array
 from ..jit import kernels
 
 LAYOUTS = ("hierarchical", "parallel", "single")
+_INT32 = np.dtype(np.int32)
 _SAVE_FORMAT = 1
 _KERNELS = "draftcore.drafters.trie_kernels"
 _SAVED_ARRAYS = ("links", "freq", "free", "root", "meta")  # the TrieState fields a file holds
@@ -290,6 +291,7 @@ class TrieRequest:
         self._finalizer = weakref.finalize(self, drafter._abandoned.append, core)
         # What every step reads, looked up once (a step's host work is a few µs; lookups add up).
         self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
+        self._in_range = drafter._K.tokens_in_range
         self._token_limit, self._settings, self._parallel = drafter.token_limit, drafter._settings, \
             drafter.layout == "parallel"
 
@@ -301,7 +303,7 @@ class TrieRequest:
     def update(self, tokens) -> None:
         """Append accepted tokens; their branches are counted at the next propose (one kernel call
         per step) or when the request finishes."""
-        tokens = token_array("tokens", tokens, vocab_size=self._token_limit, allow_empty=True)
+        tokens = self._checked("tokens", tokens, allow_empty=True)
         core = self._core
         if core.ended:
             self._refuse("update")
@@ -311,7 +313,7 @@ class TrieRequest:
         """Best-first draft tree of at most `budget` nodes continuing `context` (root = context[-1]),
         weighted by this request's own prompt and output; the tree owns its arrays."""
         core = self._core
-        context = token_array("context", context, vocab_size=self._token_limit)
+        context = self._checked("context", context, allow_empty=False)
         buffers = core.buffers
         if type(budget) is not int or not 0 <= budget < buffers.tokens.shape[0]:
             budget = positive_int("budget", budget, minimum=0)
@@ -341,6 +343,13 @@ class TrieRequest:
         with self._drafter._lock:
             if not self._core.ended:
                 self._drafter._end(self._core)
+
+    def _checked(self, name: str, value, allow_empty: bool) -> np.ndarray:
+        """token_array(name, value, ...), with a one-pass check for the loop's own int32 arrays."""
+        if (type(value) is np.ndarray and value.dtype is _INT32 and value.ndim == 1 and value.flags.c_contiguous
+                and (value.shape[0] or allow_empty) and self._in_range(value, self._token_limit)):
+            return value
+        return token_array(name, value, vocab_size=self._token_limit, allow_empty=allow_empty)
 
     def _refuse(self, what: str) -> None:
         raise InputError(f"request: {what}() called on {self!r}, which has finished; start a new request")
