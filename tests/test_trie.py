@@ -848,6 +848,10 @@ def test_bad_calls_raise_input_error():
         d.warm_up([[1, 2], [3, 11]])
     with pytest.raises(ConfigError, match="budget"):
         r.propose(np.array([1, 2], np.int32), -1)
+    with pytest.raises(InputError, match="context: token id 10 is outside"):
+        r.propose(np.array([1, 10], np.int32), 2)  # the one-pass check of int32 arrays refuses it too
+    with pytest.raises(InputError, match="tokens: token id 10 is outside"):
+        r.update(np.array([10], np.int32))
     assert d.n_nodes == 3  # nothing changed by the refused calls
     d.check_integrity()
     r.finish()
