@@ -71,6 +71,17 @@ def path_error(path, parents):
     return -1
 
 
+@nb.njit(cache=True)
+def tokens_in_range(tokens, limit):
+    """True if every token id is in [0, limit): one pass (validate.token_array's fast path; two numpy
+    reductions cost more than the whole check on the short arrays the decode loop passes)."""
+    for i in range(tokens.shape[0]):
+        t = tokens[i]
+        if t < 0 or t >= limit:
+            return False
+    return True
+
+
 def warm_up() -> None:
     parents = np.array([-1, 0, 1, 0], np.int32)
     depths = depths_from_parents(parents)
@@ -78,3 +89,4 @@ def warm_up() -> None:
     tree_error(parents + 1, parents, depths, 1, 10)
     path_error(np.array([0, 1], np.int32), parents)
     path_error(np.array([0, 1], np.int64), parents)
+    tokens_in_range(parents, 10)

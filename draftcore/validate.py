@@ -2,6 +2,9 @@
 import numpy as np
 
 from .errors import ConfigError, InputError, describe
+from .jit import kernels
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def token_array(name: str, value, vocab_size: int | None = None, allow_empty: bool = False) -> np.ndarray:
@@ -12,8 +15,10 @@ def token_array(name: str, value, vocab_size: int | None = None, allow_empty: bo
     """
     if isinstance(value, np.ndarray) and value.dtype == np.int32 and value.ndim == 1 \
             and value.flags.c_contiguous and (value.shape[0] or allow_empty):
-        # Fast path for arrays that already have the contract's layout (the decode loop's own).
-        if value.shape[0] == 0 or (value.min() >= 0 and (vocab_size is None or value.max() < vocab_size)):
+        # Fast path for arrays that already have the contract's layout (the decode loop's own): one
+        # jitted pass (kernels load on first use, never at import).
+        upper = vocab_size if vocab_size is not None else _INT32_MAX
+        if kernels("draftcore.tree_kernels").tokens_in_range(value, upper):
             return value
     if isinstance(value, np.ndarray):
         arr = value

@@ -408,12 +408,8 @@ def test_chain_fallback_decodes_lookahead_and_logits_branches(stock_llama, verif
     assert_committed_only(v, len(prompt) + path.shape[0])
 
 
-class ObservingDrafter:
-    """Proposes a best branch the model rejects next to a second branch, and records the context of
-    every proposal with the (tree, node_tokens) the loop then hands to `observe`."""
-
-    def __init__(self):
-        self.seen = []
+class StatelessDrafter:
+    """A drafter that serves its request itself and keeps nothing between calls: subclasses propose."""
 
     def start(self, prompt):
         pass
@@ -423,6 +419,14 @@ class ObservingDrafter:
 
     def finish(self):
         pass
+
+
+class ObservingDrafter(StatelessDrafter):
+    """Proposes a best branch the model rejects next to a second branch, and records the context of
+    every proposal with the (tree, node_tokens) the loop then hands to `observe`."""
+
+    def __init__(self):
+        self.seen = []
 
     def propose(self, context, budget):
         self.context = context.copy()
@@ -611,17 +615,8 @@ def test_speculate_equals_plain_greedy(verifier):
             assert_committed_only(verifier, len(prompt) + len(result.tokens) - 1)
 
 
-class BushDrafter:
+class BushDrafter(StatelessDrafter):
     """Every drafted node a child of the root: as many leaves as nodes, the most a tree can have."""
-
-    def start(self, prompt):
-        pass
-
-    def update(self, tokens):
-        pass
-
-    def finish(self):
-        pass
 
     def propose(self, context, budget):
         return DraftTree.build([int(context[-1])] + list(range(3, 3 + budget)), [-1] + [0] * budget)

@@ -46,7 +46,6 @@ from ..validate import positive_float, positive_int, token_array
 from ..jit import kernels
 
 LAYOUTS = ("hierarchical", "parallel", "single")
-_INT32 = np.dtype(np.int32)
 _SAVE_FORMAT = 1
 _KERNELS = "draftcore.drafters.trie_kernels"
 _SAVED_ARRAYS = ("links", "freq", "free", "root", "meta")  # the TrieState fields a file holds
@@ -291,9 +290,7 @@ class TrieRequest:
         self._finalizer = weakref.finalize(self, drafter._abandoned.append, core)
         # What every step reads, looked up once (a step's host work is a few µs; lookups add up).
         self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
-        self._in_range = drafter._K.tokens_in_range
-        self._token_limit, self._settings, self._parallel = drafter.token_limit, drafter._settings, \
-            drafter.layout == "parallel"
+        self._token_limit, self._settings, self._layout = drafter.token_limit, drafter._settings, drafter.layout
 
     def __repr__(self) -> str:
         core = self._core
@@ -303,7 +300,7 @@ class TrieRequest:
     def update(self, tokens) -> None:
         """Append accepted tokens; their branches are counted at the next propose (one kernel call
         per step) or when the request finishes."""
-        tokens = self._checked("tokens", tokens, allow_empty=True)
+        tokens = token_array("tokens", tokens, vocab_size=self._token_limit, allow_empty=True)
         core = self._core
         if core.ended:
             self._refuse("update")
@@ -313,7 +310,7 @@ class TrieRequest:
         """Best-first draft tree of at most `budget` nodes continuing `context` (root = context[-1]),
         weighted by this request's own prompt and output; the tree owns its arrays."""
         core = self._core
-        context = self._checked("context", context, allow_empty=False)
+        context = token_array("context", context, vocab_size=self._token_limit)
         buffers = core.buffers
         if type(budget) is not int or not 0 <= budget < buffers.tokens.shape[0]:
             budget = positive_int("budget", budget, minimum=0)
@@ -326,13 +323,7 @@ class TrieRequest:
                 self._drafter._end_abandoned()
             n = self._step(self._drafter._state, self._settings, core.stream(), core.cursor, buffers, context, budget)
             core.n_counted = core.n_stream
-        # From this request's own buffers, outside the lock. The four output buffers are rows of
-        # one block (new_buffers): one copy, then row views.
-        if self._parallel:
-            return DraftTree(*_unmerge(buffers.tokens[:n], buffers.parents[:n], buffers.depths[:n],
-                                       buffers.scores[:n], budget))
-        rows = buffers.tokens.base[:, :n].copy()
-        return DraftTree(rows[0], rows[1], rows[2], rows[3].view(np.float32))
+        return core.tree(n, self._layout, budget)  # from this request's own buffers, outside the lock
 
     def finish(self) -> None:
         """Branch eliminating: drop this request's own prompt counts (output counts persist);
@@ -344,20 +335,13 @@ class TrieRequest:
             if not self._core.ended:
                 self._drafter._end(self._core)
 
-    def _checked(self, name: str, value, allow_empty: bool) -> np.ndarray:
-        """token_array(name, value, ...), with a one-pass check for the loop's own int32 arrays."""
-        if (type(value) is np.ndarray and value.dtype is _INT32 and value.ndim == 1 and value.flags.c_contiguous
-                and (value.shape[0] or allow_empty) and self._in_range(value, self._token_limit)):
-            return value
-        return token_array(name, value, vocab_size=self._token_limit, allow_empty=allow_empty)
-
     def _refuse(self, what: str) -> None:
         raise InputError(f"request: {what}() called on {self!r}, which has finished; start a new request")
 
 
 class _RequestCore:
     """A request's own state, apart from its handle so that a finalizer can end it: its slot and
-    front (the kernels' Cursor), its token stream and its draft buffers."""
+    front (the kernels' cursor array), its token stream and its draft buffers."""
 
     def __init__(self, slot: int, prompt: np.ndarray, drafter: TrieDrafter, count_prompt: bool = True):
         K = drafter._K

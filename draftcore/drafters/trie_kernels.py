@@ -678,16 +678,6 @@ def step(state, settings, stream, cursor, buffers, context, budget):
 
 # -- checks --------------------------------------------------------------------------------------
 
-@nb.njit(cache=True)
-def tokens_in_range(tokens, limit):
-    """True if every token id is in [0, limit): one pass, for the per-step fast path of a request's
-    update and propose (two numpy reductions cost more than the whole check on short arrays)."""
-    for i in range(tokens.shape[0]):
-        t = tokens[i]
-        if t < 0 or t >= limit:
-            return False
-    return True
-
 
 @nb.njit(cache=True)
 def find_corruption(state):
@@ -792,4 +782,3 @@ def warm_up() -> None:
         end_request(state, settings, Stream(tokens=tokens, begin=9, end=9, n_prompt=4, count_from=0), cursor, False)
         state.live[1] = False
     find_corruption(state)
-    tokens_in_range(tokens, 16)
