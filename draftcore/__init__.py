@@ -10,7 +10,8 @@ Backends live in draftcore.adapters.<backend> and import their framework when th
 themselves; the benchmark harness and the CLI live in draftcore.tools.
 """
 from .budget import CostAwareBudget, FixedBudget
-from .drafters.trie import TrieDrafter, TrieRequest
+from .drafters import DRAFTER_NAMES, CompositeDrafter, JacobiDrafter, NGramDrafter, TrieDrafter
+from .drafters.trie import TrieRequest
 from .errors import BackendError, BusyError, ConfigError, DraftcoreError, InputError
 from .protocols import Drafter, DraftRequest, Verifier
 from .result import SpeculateResult, SpeculateStats
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "speculate", "speculate_stream", "SpeculationStream", "Session", "SpeculateResult", "SpeculateStats",
-    "SamplingParams", "DraftTree", "Verifier", "Drafter", "DraftRequest", "TrieDrafter", "TrieRequest", "FixedBudget", "CostAwareBudget",
+    "SamplingParams", "DraftTree", "Verifier", "Drafter", "DraftRequest", "TrieDrafter", "TrieRequest",
+    "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
     "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError",
 ]

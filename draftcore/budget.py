@@ -7,10 +7,13 @@ follow what verifying costs on this machine and how likely the draft is to be ac
 A budget policy has three methods, called by `speculate` once per step:
     request_size() -> int          how many candidate nodes to ask the drafter for
     choose(tree) -> int            how many candidates to verify: a best-first prefix of the tree's
-                                   candidates; a tree's lookahead nodes (a Jacobi window) are always
-                                   verified whole, never cut, and priced with the candidates
+                                   candidates; a tree's lookahead nodes (a Jacobi window) are
+                                   verified whole or not at all, and priced with the candidates
     observe(tree, path, seconds)   the step that verified `tree` (drafting, verify, commit) took
                                    `seconds`; `path` was accepted
+and optionally
+    keep_lookahead(tree, k) -> bool  whether the tree's lookahead window rides along with its first
+                                   k candidates (default: always, as FixedBudget does)
 
 `FixedBudget` verifies the drafter's best n nodes every step. `CostAwareBudget` measures the
 verifier's cost per tree size while it runs and picks the size that maximises expected tokens per
@@ -86,13 +89,19 @@ class CostAwareBudget:
         explore_every    16       steps before a neighbouring size is re-measured
         explore_backoff  2        factor on that interval while the choice stays the same (1: fixed)
         memory           6000     steps after which acceptance evidence has faded to 1/e (None: never)
+        window_cost      0.1      a lookahead window rides along only while it adds at most this
+                                  share to a step's cost (measured per window size; a window never
+                                  measured is tried). Window nodes are never accepted: what they buy
+                                  is future candidates (a Jacobi pool), worth a small price where
+                                  verify is nearly free (a GPU) and not a doubled step (a CPU).
     """
 
     _BINS = 20   # score bins
     _RANKS = 6   # rank buckets: 1, 2-3, 4-7, 8-15, 16-31, 32+
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
-                 explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0):
+                 explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
+                 window_cost: float = 0.1):
         self.max_nodes = positive_int("max_nodes", max_nodes)
         self.smoothing = positive_float("smoothing", smoothing)
         if self.smoothing > 1.0:
@@ -101,6 +110,8 @@ class CostAwareBudget:
         self.explore_every = positive_int("explore_every", explore_every)
         self.explore_backoff = positive_int("explore_backoff", explore_backoff)
         self.memory = None if memory is None else positive_float("memory", memory, minimum=1.0, inclusive=True)
+        self.window_cost = positive_float("window_cost", window_cost, inclusive=True) if window_cost != float("inf") \
+            else window_cost
         self._period = self.explore_every   # steps until the next exploration
         self._next_explore = self.explore_every - 1
         self._n_explored = 0
@@ -144,6 +155,16 @@ class CostAwareBudget:
             if 0 <= near < n_menu:
                 best = near
         return int(sizes[best]) - 1
+
+    def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
+        """Keep the window while its measured (or, unmeasured, optimistically guessed) extra cost
+        is at most `window_cost` of the same step without it."""
+        if self.window_cost == float("inf"):
+            return True
+        nodes = np.array([n_draft + 1])
+        with_window = float(self.cost(nodes, tree.n_lookahead)[0])
+        without = float(self.cost(nodes, 0)[0])
+        return with_window <= (1.0 + self.window_cost) * without
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         self._step += 1

@@ -28,7 +28,8 @@ class Session:
     """A verifier with the drafter and budget policy that its requests share.
 
     verifier: any Verifier.
-    drafter: a Drafter; default a `TrieDrafter` whose token index covers the verifier's vocabulary.
+    drafter: a Drafter or a name from `draftcore.DRAFTER_NAMES`; default a `TrieDrafter` whose
+        token index covers the verifier's vocabulary.
     budget: "auto" (default: a `CostAwareBudget`), an int (a fixed number of drafted candidates per
         step) or a budget policy object.
     """
@@ -40,7 +41,10 @@ class Session:
         self._verifier = verifier
         self._custom_drafter = drafter is not None
         self._budget_spec = budget
+        if isinstance(drafter, str):
+            drafter = make_drafter(drafter, getattr(verifier, "vocab_size", None))
         self.drafter = drafter if drafter is not None else default_drafter(verifier)
+        self._named: dict = {}  # name -> drafter, for speculate(verifier, prompt, drafter="name")
         self.budget = CostAwareBudget() if budget == "auto" else as_budget_policy(budget)
 
     @classmethod
@@ -71,6 +75,15 @@ class Session:
             raise ReferenceError("Session: its verifier was garbage-collected")
         return verifier
 
+    def named_drafter(self, name: str):
+        """The session's drafter called `name` (DRAFTER_NAMES), created on first use and kept, so
+        `speculate(verifier, prompt, drafter="ngram")` keeps learning across calls as the default does."""
+        with self._sessions_lock:
+            drafter = self._named.get(name)
+            if drafter is None:
+                drafter = self._named[name] = make_drafter(name, getattr(self.verifier, "vocab_size", None))
+            return drafter
+
     def speculate(self, prompt, **options):
         """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`."""
         from .speculate import speculate
@@ -89,13 +102,21 @@ class Session:
         """Forget what was learnt: a fresh default drafter (unless one was given) and budget."""
         if not self._custom_drafter:
             self.drafter = default_drafter(self.verifier)
+        self._named.clear()
         self.budget = CostAwareBudget() if self._budget_spec == "auto" else as_budget_policy(self._budget_spec)
 
     def __repr__(self) -> str:
         return f"Session({type(self.verifier).__name__}, drafter={self.drafter!r}, budget={self.budget!r})"
 
 
+DEFAULT_DRAFTER = "trie"  # what measured best end to end (docs/design.md, "Choosing the default drafter")
+
+
 def default_drafter(verifier):
-    """The drafter a session starts with: a TrieDrafter whose root index covers the vocabulary."""
-    from .drafters.trie import TrieDrafter
-    return TrieDrafter(token_limit=positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None)))
+    """The drafter a session starts with: DEFAULT_DRAFTER, its token index covering the vocabulary."""
+    return make_drafter(DEFAULT_DRAFTER, positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None)))
+
+
+def make_drafter(name, vocab_size):
+    from .drafters import make_drafter as make  # the drafters load numba's kernels: import on use
+    return make(name, vocab_size)

@@ -47,8 +47,10 @@ def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budg
     sampling.
 
     prompt: int32 token ids, or a string when the verifier has `encode`.
-    drafter: a Drafter; default: the verifier's session drafter (`Session.of(verifier).drafter`, a
-        TrieDrafter that keeps learning from every request to this verifier).
+    drafter: a Drafter; a name from `draftcore.DRAFTER_NAMES` ("trie", "ngram", "jacobi",
+        "composite", ...: the verifier's session keeps one drafter per name, learning across calls);
+        default: the verifier's session drafter (`Session.of(verifier).drafter`, which keeps
+        learning from every request to this verifier).
     budget: drafted candidates verified per step: None or "auto" (default: the verifier's session
         budget, a `CostAwareBudget` that picks the tree size with the best expected tokens per second
         from measured step costs and acceptance, and keeps learning across calls), an int (fixed), or
@@ -195,9 +197,10 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
         clock = time.perf_counter
     elif not callable(clock):
         raise ConfigError(f"clock: expected a callable returning seconds, got {describe(clock)}")
-    if drafter is None or budget is None or (isinstance(budget, str) and budget == "auto"):
+    if drafter is None or isinstance(drafter, str) or budget is None or (isinstance(budget, str) and budget == "auto"):
         session = Session.of(verifier)
-        drafter = session.drafter if drafter is None else drafter
+        drafter = session.drafter if drafter is None else session.named_drafter(drafter) if isinstance(
+            drafter, str) else drafter
         budget = session.budget if budget is None or isinstance(budget, str) and budget == "auto" else budget
     policy = as_budget_policy(budget)
     shared = serves_many(drafter)
@@ -308,11 +311,19 @@ def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted) -> 
             limits.max_tree_leaves is not None and _leaf_counts(tree)[1] > limits.max_tree_leaves)):
         tree = tree.without_lookahead()
     keep = min(policy.choose(tree), room, cells - 1 - tree.n_lookahead)
+    if tree.n_lookahead and not _keeps_lookahead(policy, tree, keep):
+        tree = tree.without_lookahead()
+        keep = min(policy.choose(tree), room, cells - 1)
     # Each candidate or window node adds at most one leaf (a root-only tree is one leaf): count
     # leaves only when the tree could hold more than the verifier takes.
     if limits.max_tree_leaves is not None and max(keep + tree.n_lookahead, 1) > limits.max_tree_leaves:
         keep = min(keep, _most_candidates_within_leaves(tree, keep, limits.max_tree_leaves))
     return tree.with_candidates(keep)
+
+
+def _keeps_lookahead(policy, tree: DraftTree, keep: int) -> bool:
+    decide = getattr(policy, "keep_lookahead", None)
+    return True if decide is None else bool(decide(tree, keep))
 
 
 def _leaf_counts(tree: DraftTree) -> np.ndarray:

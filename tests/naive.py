@@ -510,3 +510,318 @@ def naive_greedy_accept(tokens, parents, model_tokens):
         if not kids:
             return path, int(model_tokens[u])
         path.append(kids[0])
+
+
+# -- the n-gram drafters (draftcore.drafters.ngram_kernels) ----------------------------------------------
+# Twins of the n-gram tables, the Jacobi window step and its n-gram pool, and the merge of draft trees,
+# written from ngram_kernels' module docstring with dicts and lists: no arrays, no "front" buffers.
+#
+#   NaiveNGramTables     the set-associative n-gram tables: insert / ingest / longest, contents()
+#   ngram_tables_rows    the same rows read from the kernels' `Tables` arrays
+#   naive_ngram_draft    ngram_kernels.draft: best-first over the tables' continuations
+#   NaivePool            the Jacobi n-gram pool: insert / lookup, contents()
+#   jacobi_pool_contents the same read from the kernels' `Pool` arrays
+#   naive_window_step    ngram_kernels.window_step: harvest, then the time and position shift
+#   naive_merge_trees    ngram_kernels.merge (draftcore.drafters.merge.merge_trees)
+
+NGRAM_WAYS = 4  # ngram_kernels.WAYS: rows per set
+_FNV_OFFSET = 14695981039346656037
+_FNV_PRIME = 1099511628211
+_U64 = (1 << 64) - 1
+
+
+def fnv1a(tokens) -> int:
+    """FNV-1a 64-bit over the tokens' uint32 values, token by token (order-aware)."""
+    h = _FNV_OFFSET
+    for t in tokens:
+        h = ((h ^ (int(t) & 0xFFFFFFFF)) * _FNV_PRIME) & _U64
+    return h
+
+
+def hash_bucket(tokens, n_buckets: int) -> int:
+    """The set (or pool row) of a key: the hash with its high bits folded in, masked (n_buckets is a
+    power of two)."""
+    h = fnv1a(tokens)
+    return (h ^ (h >> 29)) & (n_buckets - 1)
+
+
+class _NGramRow:
+    __slots__ = ("key", "nexts", "stamp")
+
+    def __init__(self, key: tuple):
+        self.key = key
+        self.nexts: list = []  # [token, count], best first
+        self.stamp = 0
+
+
+class NaiveNGramTables:
+    """ANPD's multi-level n-gram tables, the long way: level i (n = i + 2) holds keys of i + 1
+    tokens in sets of NGRAM_WAYS rows; `sets[level][s][way]` is a row or None (empty)."""
+
+    def __init__(self, levels: int, rows: int, choices: int):
+        assert rows % NGRAM_WAYS == 0
+        self.levels, self.rows, self.choices = levels, rows, choices
+        self.n_sets = rows // NGRAM_WAYS
+        self.sets = [[[None] * NGRAM_WAYS for _ in range(self.n_sets)] for _ in range(levels)]
+        self.clock = 0  # one clock for every level, ticked by every insert
+
+    def _find(self, level: int, key: tuple):
+        ways = self.sets[level][hash_bucket(key, self.n_sets)]
+        for row in ways:
+            if row is not None and row.key == key:
+                return row
+        return None
+
+    def insert(self, level: int, key, next_token: int) -> None:
+        """Count `next_token` after `key` (level + 1 tokens) at `level`."""
+        key = tuple(int(t) for t in key)
+        assert len(key) == level + 1
+        next_token = int(next_token)
+        self.clock += 1
+        row = self._find(level, key)
+        if row is None:
+            ways = self.sets[level][hash_bucket(key, self.n_sets)]
+            empty = [w for w in range(NGRAM_WAYS) if ways[w] is None]
+            if empty:
+                way = empty[0]
+            else:  # the least recently touched row is evicted
+                way = min(range(NGRAM_WAYS), key=lambda w: ways[w].stamp)
+            row = ways[way] = _NGramRow(key)
+        row.stamp = self.clock
+        known = [t for t, _ in row.nexts]
+        if next_token in known:
+            i = known.index(next_token)
+        elif len(row.nexts) < self.choices:
+            row.nexts.append([next_token, 0])
+            i = len(row.nexts) - 1
+        else:  # a full row: the new token replaces the last one
+            row.nexts[-1] = [next_token, 0]
+            i = self.choices - 1
+        row.nexts[i][1] += 1
+        while i > 0 and row.nexts[i][1] > row.nexts[i - 1][1]:  # overtakes its left neighbour
+            row.nexts[i - 1], row.nexts[i] = row.nexts[i], row.nexts[i - 1]
+            i -= 1
+
+    def ingest(self, tokens, begin: int, end: int) -> None:
+        """Every n-gram (every level) that ends at positions begin .. end - 1."""
+        tokens = [int(t) for t in tokens]
+        for p in range(begin, end):
+            for level in range(self.levels):
+                if p - level - 1 < 0:
+                    break
+                self.insert(level, tokens[p - level - 1:p], tokens[p])
+
+    def longest(self, tail):
+        """(level, row) of the longest key that ends `tail` (real tokens, oldest first), or None."""
+        tail = [int(t) for t in tail]
+        for level in range(min(self.levels, len(tail)) - 1, -1, -1):
+            row = self._find(level, tuple(tail[len(tail) - level - 1:]))
+            if row is not None:
+                return level, row
+        return None
+
+    def contents(self) -> dict:
+        """{(level, key): [(next, count), ...] best first}."""
+        return {(level, row.key): [tuple(x) for x in row.nexts]
+                for level in range(self.levels) for ways in self.sets[level] for row in ways if row is not None}
+
+    def rows_by_index(self) -> dict:
+        """{(level, row index = set * NGRAM_WAYS + way): (key, [(next, count), ...], stamp)}: where
+        each key lives, to compare placement and eviction too."""
+        out = {}
+        for level in range(self.levels):
+            for s, ways in enumerate(self.sets[level]):
+                for w, row in enumerate(ways):
+                    if row is not None:
+                        out[(level, s * NGRAM_WAYS + w)] = (row.key, [tuple(x) for x in row.nexts], row.stamp)
+        return out
+
+
+def ngram_tables_rows(tables) -> dict:
+    """NaiveNGramTables.rows_by_index read from the kernels' `Tables` arrays."""
+    out = {}
+    levels, rows = tables.stamps.shape
+    for level in range(levels):
+        for r in range(rows):
+            if tables.stamps[level, r] == 0:
+                continue
+            key = tuple(int(t) for t in tables.keys[level, r, :level + 1])
+            nexts = []
+            for c in range(tables.nexts.shape[2]):
+                if tables.nexts[level, r, c] < 0:
+                    break
+                nexts.append((int(tables.nexts[level, r, c]), int(tables.counts[level, r, c])))
+            out[(level, r)] = (key, nexts, int(tables.stamps[level, r]))
+    return out
+
+
+def ngram_tables_contents(tables) -> dict:
+    """NaiveNGramTables.contents read from the kernels' `Tables` arrays."""
+    return {(level, key): nexts for (level, _), (key, nexts, _) in ngram_tables_rows(tables).items()}
+
+
+def naive_ngram_draft(tables: NaiveNGramTables, context, budget: int, max_depth: int, branching: int):
+    """(tokens, parents, depths, scores) of ngram_kernels.draft: every node's children are the
+    `branching` best continuations of the longest key ending at that node (context + path), scored
+    parent score * count / row total; the best frontier entry is added next (ties: the earliest
+    pushed), up to `budget` candidates."""
+    context = [int(t) for t in context]
+    tokens, parents, depths, scores = [context[-1]], [-1], [0], [F32(1.0)]
+    tails = [context[-tables.levels:]]
+    frontier = []  # (score, parent, token) in push order
+    node = 0
+    while True:
+        if depths[node] < max_depth:
+            hit = tables.longest(tails[node])
+            if hit is not None:
+                _, row = hit
+                total = sum(c for _, c in row.nexts)
+                for token, count in row.nexts[:branching]:
+                    # float32 parent score times a float64 ratio, rounded to float32 (as the kernel)
+                    frontier.append((F32(float(scores[node]) * count / total), node, token))
+        if len(tokens) > budget or not frontier:
+            break
+        best = max(range(len(frontier)), key=lambda f: (frontier[f][0], -f))
+        score, parent, token = frontier.pop(best)
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+        scores.append(score)
+        tails.append((tails[parent] + [token])[-tables.levels:])
+        node = len(tokens) - 1
+    return tokens, parents, depths, scores
+
+
+class NaivePool:
+    """Lookahead decoding's n-gram pool: `rows` rows, direct-mapped by the hash of an n-gram's first
+    token (a new first token evicts the row's old one and its n-grams); a row keeps at most
+    `per_key` n-grams (the `gram_len` tokens after the first), the least recently used evicted."""
+
+    def __init__(self, rows: int, per_key: int, gram_len: int):
+        self.rows, self.per_key, self.gram_len = rows, per_key, gram_len
+        self.table = [None] * rows  # row -> [first token, {gram tuple: last use}]
+        self.clock = 0
+
+    def insert(self, first: int, gram) -> None:
+        first, gram = int(first), tuple(int(t) for t in gram)
+        assert len(gram) == self.gram_len
+        row = hash_bucket([first], self.rows)
+        self.clock += 1
+        if self.table[row] is None or self.table[row][0] != first:
+            self.table[row] = [first, {}]
+        grams = self.table[row][1]
+        if gram not in grams and len(grams) == self.per_key:
+            del grams[min(grams, key=grams.get)]
+        grams[gram] = self.clock
+
+    def lookup(self, first: int) -> list:
+        """The n-grams (tails) that start with `first`, most recently used first."""
+        entry = self.table[hash_bucket([int(first)], self.rows)]
+        if entry is None or entry[0] != int(first):
+            return []
+        return sorted(entry[1], key=entry[1].get, reverse=True)
+
+    def contents(self) -> dict:
+        """{row: (first token, [(gram, last use), ...] most recent first)}."""
+        return {r: (e[0], sorted(e[1].items(), key=lambda kv: -kv[1])) for r, e in enumerate(self.table)
+                if e is not None}
+
+
+def jacobi_pool_contents(pool) -> dict:
+    """NaivePool.contents read from the kernels' `Pool` arrays."""
+    out = {}
+    for r in range(pool.key.shape[0]):
+        if pool.key[r] < 0:
+            continue
+        used = [(tuple(int(t) for t in pool.grams[r, g]), int(pool.stamps[r, g]))
+                for g in range(pool.stamps.shape[1]) if pool.stamps[r, g] > 0]
+        out[r] = (int(pool.key[r]), sorted(used, key=lambda kv: -kv[1]))
+    return out
+
+
+def window_node_parent(l: int, j: int):
+    """The window node (l, j)'s parent as (level, position), or None for the root: level 0 is a
+    chain; a level-l token hangs below the level-(l-1) token one position before it."""
+    if j == 0:
+        return None
+    return (0, j - 1) if l == 0 else (l - 1, j - 1)
+
+
+def naive_window_step(window, n_levels: int, outs, pool: NaivePool):
+    """(new window as lists, new level count) after one verify, as ngram_kernels.window_step; `pool`
+    (a NaivePool) receives the harvested n-grams. window: (N - 1) x W tokens, its first n_levels
+    levels in use; outs: n_levels x W, the model's token at each window node, -1: not evaluated."""
+    old = [[int(t) for t in level] for level in window]
+    outs = [[int(t) for t in level] for level in outs]
+    top_max, width = len(old), len(old[0])
+    top = n_levels - 1
+    new = [list(level) for level in old]
+
+    def out_at(node):
+        return outs[node[0]][node[1]]
+
+    if n_levels == top_max:
+        # Harvest: each top node whose diagonal reaches level 0 (down-left, one level and one
+        # position per step) ends an n-gram: the diagonal's tokens, then the model's token there.
+        for j in range(width):
+            diagonal = [(l, j - (top - l)) for l in range(top + 1)]
+            if diagonal[0][1] < 0 or out_at((top, j)) < 0:
+                continue
+            gram = [old[l][p] for l, p in diagonal] + [out_at((top, j))]
+            pool.insert(gram[0], gram[1:])
+        # Time + position shift: each lower level takes the next level's guesses one position on
+        # (new (l, j) holds old (l + 1, j + 1)); the top takes the model's tokens in place.
+        for l in range(top):
+            for j in range(width - 1):
+                new[l][j] = old[l + 1][j + 1]
+            # The last position: the model's token at the old node that now sits at its parent.
+            # Its new parent is (l - 1, W - 2), or (0, W - 2) for level 0, which holds old
+            # (l, W - 1), resp. old (1, W - 1) (with W = 1 the kernel takes the same nodes).
+            source = (l, width - 1) if l > 0 else (1, width - 1)
+            new[l][width - 1] = out_at(source) if out_at(source) >= 0 else old[l + 1][width - 1]
+        for j in range(width):
+            new[top][j] = out_at((top, j)) if out_at((top, j)) >= 0 else old[top][j]
+        return new, n_levels
+    # Filling: each level moves one position on, its last position the model's token at the old node
+    # now at its parent; a new level above takes the top's tokens (a guess one iteration newer).
+    for l in range(n_levels):
+        for j in range(width - 1):
+            new[l][j] = old[l][j + 1]
+        parent_source = (l - 1, width - 1) if l > 0 else (0, width - 1)  # new parent's old node
+        if out_at(parent_source) >= 0:
+            new[l][width - 1] = out_at(parent_source)
+    for j in range(width):
+        new[n_levels][j] = out_at((top, j)) if out_at((top, j)) >= 0 else old[top][j]
+    return new, n_levels + 1
+
+
+def naive_merge_trees(root: int, tokens, parents, priority, sources, budget: int):
+    """(tokens, parents, depths, scores, source bits) of ngram_kernels.merge: the union of the trees'
+    token paths (concatenated trees, parents -1 under the root); a path's priority is the least
+    along it of the best priority any tree gives each of its prefixes; best first (ties: the order
+    in which paths first appear), cut to `budget` candidates."""
+    best, bits, first_seen = {}, {}, []
+    paths = []
+    for i in range(len(tokens)):
+        path = (paths[int(parents[i])] if parents[i] >= 0 else ()) + (int(tokens[i]),)
+        paths.append(path)
+        if path not in best:
+            first_seen.append(path)
+            best[path] = F32(priority[i])
+            bits[path] = 0
+        best[path] = max(best[path], F32(priority[i]))
+        bits[path] |= 1 << int(sources[i])
+    score = {}
+    for path in first_seen:  # a prefix appears first, so its score is known
+        score[path] = best[path] if len(path) == 1 else min(best[path], score[path[:-1]])
+    order = sorted(range(len(first_seen)), key=lambda k: (-score[first_seen[k]], k))[:budget]
+    kept = [first_seen[k] for k in order]
+    index = {path: r + 1 for r, path in enumerate(kept)}
+    out_tokens, out_parents, out_depths, out_scores, out_bits = [int(root)], [-1], [0], [F32(1.0)], [0]
+    for path in kept:
+        out_tokens.append(path[-1])
+        out_parents.append(index[path[:-1]] if len(path) > 1 else 0)
+        out_depths.append(len(path))
+        out_scores.append(score[path])
+        out_bits.append(bits[path])
+    return out_tokens, out_parents, out_depths, out_scores, out_bits

@@ -13,6 +13,9 @@ Methods (all on the same model object), greedy:
                      prompts and a CostAwareBudget (tree size from measured step cost and draft
                      confidence): the README's recommended call, started afresh per dataset
     trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
+    ngram, ngram-paper, jacobi, jacobi-paper, composite, composite-nowindow
+                     the other drafters by name (draftcore.DRAFTER_NAMES), each as "trie" is run:
+                     carried across the dataset's prompts, with a CostAwareBudget
 and sampling with SAMPLING (T=0.7, top-p=0.9, no top-k; seeded per run, so outputs differ by design
 and the "identical" column means nothing for them):
     plain_sample          model.generate(do_sample=True)
@@ -33,7 +36,7 @@ import torch
 import draftcore
 from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
-from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns
+from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 
 from .head import decoder_of
 from .verifier import HFVerifier
@@ -56,16 +59,21 @@ def load_model(model_path: str | None, dtype: str = "float32", attn: str = "sdpa
 
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
-    """HumanEval prompts as raw code completion; MT-Bench first turns through the chat template."""
+    """HumanEval prompts as raw code completion; MT-Bench first turns and Python documentation
+    requests (`pydoc`: 400-1,200 tokens each) through the chat template."""
+    def chat(message):
+        return tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+
     if dataset == "humaneval":
         texts = [p["prompt"] for p in humaneval_problems()[:n]]
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     elif dataset == "mtbench":
-        ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=False)
-               for q in mtbench_first_turns()[:n]]
+        ids = [chat(q) for q in mtbench_first_turns()[:n]]
+    elif dataset == "pydoc":
+        ids = [chat(r["message"]) for r in pydoc_requests(lambda text: len(chat(text)), n)]
     else:
-        raise draftcore.InputError(f"dataset: expected 'humaneval' or 'mtbench', got {dataset!r}")
+        raise draftcore.InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
 
 
@@ -134,9 +142,9 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         seconds = time.perf_counter() - t0
         return Run(out[0, ids.shape[1]:].cpu().numpy().astype(np.int32), seconds, counter.count - before)
 
-    def draftcore_method(name, budget_factory, sampling=None):
+    def draftcore_method(name, budget_factory, sampling=None, drafter="trie"):
         return bench_method(name, verifier, budget_factory, eos_token_id=eos, sampling=sampling,
-                            count_forwards=lambda: counter.count)
+                            count_forwards=lambda: counter.count, drafter=drafter)
 
     table = {
         "plain": lambda: Method("plain greedy", lambda p, n: generate(p, n)),
@@ -147,6 +155,9 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
         "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
         "nodraft": lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0),
+        **{name: (lambda name=name: draftcore_method(f"draftcore {name} (auto budget)", draftcore.CostAwareBudget,
+                                                     drafter=name))
+           for name in draftcore.DRAFTER_NAMES if name != "trie"},
         "plain_sample": lambda: Method("plain sampling", lambda p, n: generate(p, n, do_sample=True),
                                        sampled=True),
         "prompt_lookup_sample": lambda: Method("transformers prompt lookup, sampling",

@@ -39,9 +39,10 @@ class Method:
 
 
 def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token_id=None, sampling=None,
-                     count_forwards: Callable[[], int] | None = None) -> Method:
-    """draftcore.speculate over `verifier` with a TrieDrafter and a budget that live across one
-    dataset's prompts (as a server keeps them across requests) and start afresh with each dataset.
+                     count_forwards: Callable[[], int] | None = None, drafter: str = "trie") -> Method:
+    """draftcore.speculate over `verifier` with a drafter (by name, DRAFTER_NAMES) and a budget that
+    live across one dataset's prompts (as a server keeps them across requests) and start afresh with
+    each dataset.
 
     budget_factory: () -> a budget for speculate: an int (fixed) or a policy object such as
         `CostAwareBudget()` (not "auto", which would be the verifier's session budget, never reset).
@@ -50,19 +51,20 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
         increase over the run (exact even where a long prompt takes several forwards). Default: the
         speculate loop's steps.
     """
-    from ..drafters import TrieDrafter
+    from ..drafters import make_drafter
 
+    make_drafter(drafter, verifier.vocab_size)  # an unknown name fails here, before any run
     state = {}
     seeds = iter(range(1 << 62))
 
     def reset():
-        state["trie"] = TrieDrafter()
+        state["drafter"] = make_drafter(drafter, verifier.vocab_size)
         state["budget"] = budget_factory()
 
     def run(prompt_ids, max_new_tokens) -> Run:
         if not state:
             reset()
-        return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, drafter=state["trie"],
+        return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, drafter=state["drafter"],
                               budget=state["budget"], eos_token_id=eos_token_id,
                               sampling=_next_seed(sampling, seeds))
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from ..drafters import DRAFTER_NAMES
 from ..errors import ConfigError, DraftcoreError, InputError
 
 # (flag, TrieDrafter argument, argparse options): only the flags given reach TrieDrafter
@@ -45,7 +46,10 @@ def replay_arguments(args) -> dict:
     """`replay()`'s keyword arguments from the command line; what is not given is the library's."""
     from ..drafters.trie import TrieDrafter
     given = trie_options(args)
-    return dict(drafter=(lambda: TrieDrafter(**given)) if given else None, budget=args.budget,
+    if given and args.drafter not in (None, "trie"):
+        raise ConfigError(f"drafter: trie options ({', '.join(given)}) need --drafter trie, got {args.drafter!r}")
+    drafter = (lambda: TrieDrafter(**given)) if given else args.drafter
+    return dict(drafter=drafter, budget=args.budget,
                 cost=None if args.cost == "none" else args.cost, eos_token_id=args.eos,
                 reset_per_request=args.reset_per_request)
 
@@ -70,8 +74,9 @@ def _load_replay_traces(args) -> list:
 def _replay_command(args) -> int:
     report = run_replay(args)
     given = trie_options(args)
-    print(f"drafter: TrieDrafter({', '.join(f'{k}={v!r}' for k, v in given.items())})"
-          f"{'' if given else ' (library default)'}{', reset per request' if args.reset_per_request else ''}; "
+    label = (f"TrieDrafter({', '.join(f'{k}={v!r}' for k, v in given.items())})" if given or args.drafter is None
+             else repr(report.drafter))
+    print(f"drafter: {label}{'' if given or args.drafter else ' (library default)'}{', reset per request' if args.reset_per_request else ''}; "
           f"budget: {_budget_label(args.budget)}; "
           f"cost model: {'none (real clock)' if report.cost is None else _cost_label(report.cost)}")
     rows = [_replay_row(name, s) for name, s in report.items()]
@@ -221,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", choices=["auto", "smollm2", "bytes"], default="auto",
                    help="tokenizer of --humaneval-canonical")
     p.add_argument("--eos", type=int, default=None, help="EOS token id of the traces")
+    p.add_argument("--drafter", choices=DRAFTER_NAMES, default=None,
+                   help="a drafter by name (default: the library's, the verifier's session drafter)")
     p.add_argument("--budget", type=_budget, default=None, metavar="N|auto",
                    help="drafted candidates verified per step (default: auto, the library's CostAwareBudget)")
     p.add_argument("--cost", default="hf-cpu", metavar="NAME|TABLE",

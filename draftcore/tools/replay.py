@@ -254,7 +254,10 @@ def replay(traces, drafter=None, *, budget=None, cost="hf-cpu", eos_token_id=Non
     """Replay `traces` in order through one TraceVerifier; a summary per dataset.
 
     drafter: None (the library's default: the verifier's session drafter, kept across traces), a
-        Drafter object (kept across traces), or a callable returning a new Drafter.
+        name from DRAFTER_NAMES or a Drafter object (kept across traces), or a callable returning a
+        new Drafter. A replay knows the model's token only at nodes on the recorded output, so a
+        Jacobi window learns only where its guesses match the recording (-1 elsewhere): replay
+        measures the Jacobi pool pessimistically; a real model is needed for it.
     budget: None or "auto" (the library's default: the session's CostAwareBudget), an int, or a
         budget policy; kept across traces.
     cost: a built-in cost table's name, a table "nodes:ms,...", a CostModel, or None (the loop then
@@ -295,6 +298,13 @@ def _drafter_factory(drafter, session: Session, reset_per_request: bool):
         if reset_per_request:
             return lambda: default_drafter(session.verifier)
         return lambda: session.drafter
+    if isinstance(drafter, str):
+        from ..drafters import make_drafter
+        make_drafter(drafter, session.verifier.vocab_size)  # refuse an unknown name now
+        if reset_per_request:
+            return lambda: make_drafter(drafter, session.verifier.vocab_size)
+        named = make_drafter(drafter, session.verifier.vocab_size)
+        return lambda: named
     if not isinstance(drafter, type) and callable(getattr(drafter, "start", None)):
         if reset_per_request:
             raise ConfigError("drafter: reset_per_request needs a new drafter per trace; pass a callable "
