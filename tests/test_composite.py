@@ -26,7 +26,7 @@ from draftcore.drafters.merge import merge_trees
 from draftcore.drafters.ngram import NGramDrafter
 from naive import jacobi_pool_contents, naive_merge_trees
 from naive_sampling import VARIANTS, goodness_of_fit, naive_sample_step
-from test_sharing import prompts, run_threads, tiny_switch_interval  # noqa: F401 - a fixture
+from test_sharing import assert_threads_match_plain, prompts, tiny_switch_interval  # noqa: F401 - a fixture
 from toy import ToyModel, ToyVerifier, plain_greedy
 
 VOCAB = 24
@@ -413,19 +413,7 @@ def test_threads_share_one_composite_exactly(tiny_switch_interval, repeat):  # n
     model = ToyModel(vocab_size=VOCAB, seed=repeat)
     shared = CompositeDrafter(token_limit=VOCAB)
     work_prompts = prompts(12, seed=repeat)
-    want = [plain_greedy(ToyVerifier(model), p, 32) for p in work_prompts]
-    got = [None] * len(work_prompts)
-    n_threads = 4
-
-    def work(i):
-        verifier = ToyVerifier(model)  # one verifier per thread: one request at a time each
-        for j in range(i, len(work_prompts), n_threads):
-            got[j] = draftcore.speculate(verifier, work_prompts[j], max_new_tokens=32, drafter=shared,
-                                         budget=8).tokens
-
-    run_threads(n_threads, work)
-    for j in range(len(work_prompts)):
-        np.testing.assert_array_equal(got[j], want[j], err_msg=f"prompt {j}")
+    assert_threads_match_plain(model, shared, work_prompts, n_threads=4, max_new_tokens=32)
     assert shared.trie.requests_in_progress == 0
     shared.trie.check_integrity()
 

@@ -38,6 +38,23 @@ def prompts(n, seed=0, vocab=VOCAB):
     return out
 
 
+def assert_threads_match_plain(model, shared, work_prompts, n_threads, max_new_tokens):
+    """`n_threads` threads, each with its own ToyVerifier, decode `work_prompts` (round robin) with
+    the one `shared` drafter; every output must equal plain greedy decoding."""
+    want = [plain_greedy(ToyVerifier(model), p, max_new_tokens) for p in work_prompts]
+    got = [None] * len(work_prompts)
+
+    def work(i):
+        verifier = ToyVerifier(model)  # one verifier per thread: one request at a time each
+        for j in range(i, len(work_prompts), n_threads):
+            got[j] = draftcore.speculate(verifier, work_prompts[j], max_new_tokens=max_new_tokens, drafter=shared,
+                                         budget=8).tokens
+
+    run_threads(n_threads, work)
+    for j in range(len(work_prompts)):
+        np.testing.assert_array_equal(got[j], want[j], err_msg=f"prompt {j}")
+
+
 def run_threads(n_threads, work):
     """work(i) in n_threads threads; re-raises the first error."""
     errors = []
@@ -63,19 +80,7 @@ def test_threads_share_one_trie_exactly_toy(tiny_switch_interval, repeat):
     model = ToyModel(vocab_size=VOCAB, seed=repeat)
     shared = TrieDrafter(token_limit=VOCAB, capacity=4096, branch_length=8)
     work_prompts = prompts(24, seed=repeat)
-    want = [plain_greedy(ToyVerifier(model), p, 40) for p in work_prompts]
-    got = [None] * len(work_prompts)
-    n_threads = 6
-
-    def work(i):
-        verifier = ToyVerifier(model)  # one verifier per thread: one request at a time each
-        for j in range(i, len(work_prompts), n_threads):
-            got[j] = draftcore.speculate(verifier, work_prompts[j], max_new_tokens=40, drafter=shared,
-                                         budget=8).tokens
-
-    run_threads(n_threads, work)
-    for j in range(len(work_prompts)):
-        np.testing.assert_array_equal(got[j], want[j], err_msg=f"prompt {j}")
+    assert_threads_match_plain(model, shared, work_prompts, n_threads=6, max_new_tokens=40)
     assert shared.requests_in_progress == 0
     shared.check_integrity()
 
