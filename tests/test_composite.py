@@ -379,6 +379,25 @@ def test_a_source_that_stops_paying_off_loses_its_share():
     assert wrong < 0.4 < 0.75 < ngram, (wrong, ngram)  # both started at the prior 0.5
 
 
+def test_the_best_source_keeps_its_own_scores_and_the_others_are_scaled_by_their_relative_rate():
+    # The budget policy calibrates scores, so the merge must not shrink every score by a raw
+    # per-node acceptance rate (a few percent on bushy trees): only relative rates scale them.
+    prompt = np.array(PATTERN * 3, np.int32)
+    request = CompositeDrafter(trie=WrongDrafter(), jacobi=None).start(prompt)
+    request.offered[:], request.accepted[:] = (40.0, 40.0), (4.0, 30.0)  # rates 0.1 and 0.75
+    context = prompt
+    ngram_tree = request._requests[1].propose(context, 40)
+    assert ngram_tree.n_draft > 0
+    merged = request.propose(context, 80)  # room for every node of both sources
+    rates = request.accepted / request.offered
+    by_token = {(int(t), int(d)): float(s) for t, d, s in zip(merged.tokens[1:], merged.depths[1:], merged.scores[1:])}
+    for t, d, s in zip(ngram_tree.tokens[1:], ngram_tree.depths[1:], ngram_tree.scores[1:]):
+        assert by_token[(int(t), int(d))] == pytest.approx(float(s), rel=1e-6)  # ngram is the best source
+    wrong = float(merged.scores[merged.tokens == 0][0])
+    assert wrong == pytest.approx(rates[0] / rates[1], rel=1e-5)  # WrongRequest scores 1.0
+    request.finish()
+
+
 def test_sources_are_checked():
     with pytest.raises(ConfigError, match="trie, ngram, jacobi"):
         CompositeDrafter(trie=None, ngram=None, jacobi=None)

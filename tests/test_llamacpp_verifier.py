@@ -769,7 +769,7 @@ def test_bench_methods_on_the_packaged_model(packaged_gguf):
     assert bench.METHODS == ("plain", "prompt_lookup", "bare", "trie")
     prompts = bench.load_prompts(tokenizer, "humaneval", 1) + bench.load_prompts(tokenizer, "mtbench", 1)
     assert prompts[1].ids[0] == handle.llm.tokenize(b"<|im_start|>", add_bos=False, special=True)[0]
-    methods = bench.make_methods(handle, tokenizer, list(bench.METHODS) + ["trie-fixed4"])
+    methods = bench.make_methods(handle, tokenizer, list(bench.METHODS) + ["trie-fixed4", "nodraft", "composite"])
     assert [m.name for m in methods][2] == "draftcore bare call"
     for prompt in prompts:
         for m in methods:
@@ -788,6 +788,9 @@ def test_bench_methods_on_the_packaged_model(packaged_gguf):
         bench.load_model(packaged_gguf, dtype="float16")
     with pytest.raises(InputError, match="dataset"):
         bench.load_prompts(tokenizer, "gsm8k", 1)
+    pydoc = bench.load_prompts(tokenizer, "pydoc", 2)
+    assert [p.dataset for p in pydoc] == ["pydoc", "pydoc"]
+    assert all(400 <= len(p.ids) <= 1200 and p.ids[0] == prompts[1].ids[0] for p in pydoc)
 
 
 def test_wrap_llamacpp_example(tiny):

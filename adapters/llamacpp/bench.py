@@ -28,6 +28,9 @@ Methods (all greedy):
                      prompts and a CostAwareBudget (tree size from measured verify cost and draft
                      confidence), both fresh for each dataset
     trie-fixedN      the same trie with a fixed budget of N drafted nodes per step (e.g. trie-fixed4)
+    nodraft          draftcore with a budget of 0: one token per step through draftcore's loop
+    ngram, jacobi, composite, ...
+                     the other drafters by name (draftcore.DRAFTER_NAMES), each run as "trie" is
 Every draftcore method verifies at most MAX_TREE_NODES nodes per step: the verifier is built with
 that max_tree_nodes, which `speculate` drafts within.
 Steps are llama_decode calls, counted exactly: a Llama subclass counts what its eval() decodes,
@@ -45,7 +48,7 @@ import numpy as np
 import draftcore
 from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
-from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns
+from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 from draftcore.errors import ConfigError, InputError
 
 from .context import import_llama_cpp
@@ -129,14 +132,15 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
 
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
-    """HumanEval prompts as raw code completion; MT-Bench first turns through the chat template.
+    """HumanEval prompts as raw code completion; MT-Bench first turns and pydoc requests through the
+    chat template.
 
     With an HF tokenizer these are exactly the HF benchmark's prompts. With a Llama, llama.cpp
     tokenizes (BOS only where the model asks for it) and the GGUF's own chat template is applied
     (ChatML when the file has none).
     """
-    if dataset not in ("humaneval", "mtbench"):
-        raise InputError(f"dataset: expected 'humaneval' or 'mtbench', got {dataset!r}")
+    if dataset not in ("humaneval", "mtbench", "pydoc"):
+        raise InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
     lib = import_llama_cpp()
     if not isinstance(tokenizer, lib.Llama):
         from draftcore.adapters.torch_hf.bench import load_prompts as hf_load_prompts
@@ -145,8 +149,11 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     if dataset == "humaneval":
         ids = [llm.tokenize(p["prompt"].encode("utf-8"), add_bos=True, special=False)
                for p in humaneval_problems()[:n]]
-    else:
+    elif dataset == "mtbench":
         ids = [_chat_ids(lib, llm, q) for q in mtbench_first_turns()[:n]]
+    else:
+        ids = [_chat_ids(lib, llm, r["message"])
+               for r in pydoc_requests(lambda text: len(_chat_ids(lib, llm, text)), n)]
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
 
 
@@ -176,7 +183,8 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
         table["prompt_lookup"] = lambda: Method("llama-cpp-python prompt lookup",
                                                 lambda p, n: _generate(lookup, p, n, eos))
     verifier = None
-    if any(name == "bare" or name.startswith("trie") for name in names):
+    if any(name in ("bare", "nodraft") or name.startswith("trie") or name in draftcore.DRAFTER_NAMES
+           for name in names):
         verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True, max_tree_nodes=MAX_TREE_NODES)
     max_draft = MAX_TREE_NODES - 1
 
@@ -184,13 +192,20 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
         # steps counted as llama_decode calls: a prompt longer than n_batch takes several
         return verifier.n_decodes
 
-    def draftcore_method(label, budget_factory):
-        return bench_method(label, verifier, budget_factory, eos_token_id=eos, count_forwards=count_decodes)
+    def draftcore_method(label, budget_factory, drafter="trie"):
+        return bench_method(label, verifier, budget_factory, eos_token_id=eos, count_forwards=count_decodes,
+                            drafter=drafter)
 
     table["bare"] = lambda: bare_call_method("draftcore bare call", verifier, eos_token_id=eos,
                                              count_forwards=count_decodes)
     table["trie"] = lambda: draftcore_method(
         "draftcore trie (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=max_draft))
+    table["nodraft"] = lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0)
+    for drafter in draftcore.DRAFTER_NAMES:
+        if drafter != "trie":
+            table[drafter] = lambda drafter=drafter: draftcore_method(
+                f"draftcore {drafter} (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=max_draft),
+                drafter=drafter)
     methods = []
     for name in names:
         fixed = re.fullmatch(r"trie-fixed(\d+)", name)

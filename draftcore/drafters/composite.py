@@ -3,7 +3,7 @@ merged under one root (identical prefixes shared), the Jacobi window attached as
 
 The node budget is split by recent acceptance: a node's priority is its own drafter's score times
 that drafter's recent acceptance rate (accepted / verified nodes it proposed, fading with a memory
-of `memory` steps), so a source that has stopped paying off yields its nodes to the others within a
+of `memory` steps) relative to the best source's rate, so a source that has stopped paying off yields its nodes to the others within a
 few steps; a node proposed by several sources gets the best of their priorities. The merged tree is
 best first (a child never outranks its parent), so the budget policy may cut it anywhere.
 
@@ -93,7 +93,11 @@ class CompositeRequest:
     def propose(self, context, budget: int) -> DraftTree:
         context = token_array("context", context)
         root = int(context[-1])
-        weights = self.accepted / self.offered
+        rates = self.accepted / self.offered
+        # Relative to the best source: the order is the same as with raw rates, and the best source's
+        # nodes keep their own scores, which the budget policy calibrates (raw rates, a few percent
+        # per node on bushy trees, would push every score into the lowest bin and starve the budget).
+        weights = rates / rates.max()
         tokens, parents, priority, sources = [], [], [], []
         offset = 0
         for i, request in enumerate(self._requests):
