@@ -178,8 +178,11 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
     if "prompt_lookup" in names:
         lib = import_llama_cpp()
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        # logits_all=True explicitly: a draft model turns it on internally, but llama-cpp-python (0.3.x)
+        # sizes its logits buffer from the argument (n_batch rows), so a context past n_batch tokens
+        # (a pydoc prompt) overflows it ("could not broadcast ... into shape (0,)").
         lookup = _counting_llama(lib)(handle.path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
-                                      **handle.llama_kwargs)
+                                      logits_all=True, **handle.llama_kwargs)
         table["prompt_lookup"] = lambda: Method("llama-cpp-python prompt lookup",
                                                 lambda p, n: _generate(lookup, p, n, eos))
     verifier = None
