@@ -186,8 +186,7 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
         table["prompt_lookup"] = lambda: Method("llama-cpp-python prompt lookup",
                                                 lambda p, n: _generate(lookup, p, n, eos))
     verifier = None
-    if any(name in ("bare", "nodraft") or name.startswith("trie") or name in draftcore.DRAFTER_NAMES
-           for name in names):
+    if set(names) - {"plain", "prompt_lookup"}:  # every other method runs through draftcore's verifier
         verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True, max_tree_nodes=MAX_TREE_NODES)
     max_draft = MAX_TREE_NODES - 1
 
