@@ -94,14 +94,36 @@ class CostAwareBudget:
                                   measured is tried). Window nodes are never accepted: what they buy
                                   is future candidates (a Jacobi pool), worth a small price where
                                   verify is nearly free (a GPU) and not a doubled step (a CPU).
+        trial_every      64       steps between trials of the arm not in use: drafting or pausing
+        trial_steps      16       steps a trial of drafting lasts (a trial of pausing: 4; 0: never pause)
+
+    Pausing. Choosing "no draft" for a step still pays for drafting it (the drafter's proposal, the
+    choice), a few percent of a step where the verify itself is cheap (llama.cpp on a CPU: a merged
+    tree from three drafters costs ~0.4 ms of an 11 ms step). So the budget also measures whether
+    drafting pays at all: two arms, "draft" (ask the drafter, choose, verify) and "pause" (verify the
+    root alone without asking the drafter), each with its tokens per second over its recent steps;
+    the better arm runs and the other one is tried every `trial_every` steps, that interval growing by
+    `explore_backoff` (up to 16x) while the winner stays the same. A trial of pausing is short (a
+    paused step always costs the same and emits one token); a trial of drafting lasts `trial_steps`
+    steps, since what drafting gains comes in bursts (a repeated span, then nothing). The first trial
+    comes after `trial_every` drafting steps, and the first half of those, spent learning sizes and
+    acceptance, does not count as drafting's worth. Paused
+    steps teach no cost and no acceptance (nothing was drafted); the drafter still sees every
+    accepted token through `update`, so it is ready when a trial finds drafting paying again.
     """
 
     _BINS = 20   # score bins
     _RANKS = 6   # rank buckets: 1, 2-3, 4-7, 8-15, 16-31, 32+
+    _DRAFT, _PAUSE = 0, 1   # arms
+    _ARM_MEMORY = 256       # an arm's steps after which its evidence has faded to 1/e
+    _PAUSE_TRIAL = 4        # steps a trial of pausing lasts
+    _PAUSE_MARGIN = 0.05    # pausing must beat drafting by this much, in two trials running: a
+                            # burst of accepted drafts missed while paused costs more than a few
+                            # percent of drafting overhead, and step times are noisy
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
-                 window_cost: float = 0.1):
+                 window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16):
         self.max_nodes = positive_int("max_nodes", max_nodes)
         self.smoothing = positive_float("smoothing", smoothing)
         if self.smoothing > 1.0:
@@ -112,6 +134,17 @@ class CostAwareBudget:
         self.memory = None if memory is None else positive_float("memory", memory, minimum=1.0, inclusive=True)
         self.window_cost = positive_float("window_cost", window_cost, inclusive=True) if window_cost != float("inf") \
             else window_cost
+        self.trial_every = positive_int("trial_every", trial_every)
+        self.trial_steps = positive_int("trial_steps", trial_steps, minimum=0)
+        self._arm = self._DRAFT                   # the arm of the step under way
+        self._winner = self._DRAFT
+        self._arm_tokens = np.zeros(2)            # faded sums per arm: tokens emitted, seconds
+        self._arm_seconds = np.zeros(2)
+        self._arm_steps = np.zeros(2, np.int64)
+        self._trial_left = 0                      # steps left in the running trial of the other arm
+        self._pause_won_last = False              # whether pausing won the last trial
+        self._next_trial = self.trial_every
+        self._trial_period = self.trial_every
         self._period = self.explore_every   # steps until the next exploration
         self._next_explore = self.explore_every - 1
         self._n_explored = 0
@@ -131,7 +164,23 @@ class CostAwareBudget:
 
     # -- the policy ---------------------------------------------------------------------------
     def request_size(self) -> int:
-        return self.max_nodes
+        if self.trial_steps and self._trial_left == 0 and self._step >= self._next_trial:
+            self._trial_left = self._PAUSE_TRIAL if self._winner == self._DRAFT else self.trial_steps
+        self._arm = 1 - self._winner if self._trial_left else self._winner
+        return self.max_nodes if self._arm == self._DRAFT else 0
+
+    @property
+    def drafting_pays(self) -> bool:
+        """Whether drafting is the better arm now (False: steps verify the root alone, drafting
+        only in trials)."""
+        return self._winner == self._DRAFT
+
+    def tokens_per_second(self) -> tuple[float, float]:
+        """Recent tokens per second of the (draft, pause) arms; NaN for an arm never run."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = self._arm_tokens / self._arm_seconds
+        return float(rate[0]) if self._arm_steps[0] else float("nan"), \
+            float(rate[1]) if self._arm_steps[1] else float("nan")
 
     def choose(self, tree: DraftTree) -> int:
         n_draft = min(tree.n_draft, self.max_nodes)
@@ -168,6 +217,10 @@ class CostAwareBudget:
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         self._step += 1
+        arm, self._arm = self._arm, self._DRAFT
+        self._observe_arm(arm, path.shape[0], seconds)
+        if arm == self._PAUSE:
+            return   # nothing drafted: no cost of a drafting step, no acceptance
         i = self._entry(tree.n_candidates)
         if i is not None:  # a size off the menu (a drafter that returned fewer nodes) teaches nothing
             costs = self._costs(tree.n_lookahead)
@@ -187,6 +240,30 @@ class CostAwareBudget:
             np.add.at(flat_accepted, cells, accepted[1:])
         if tree.n_draft or self.memory is not None:
             self._probability = (self._accepted / self._offered).ravel()
+
+    def _observe_arm(self, arm: int, tokens: int, seconds: float) -> None:
+        if self._step <= self.trial_every // 2:
+            return   # the first steps measure sizes and acceptance, not what drafting is worth
+        keep = 1.0 - 1.0 / self._ARM_MEMORY
+        self._arm_tokens[arm] = keep * self._arm_tokens[arm] + tokens
+        self._arm_seconds[arm] = keep * self._arm_seconds[arm] + seconds
+        self._arm_steps[arm] += 1
+        if not self._trial_left:
+            return
+        self._trial_left -= 1
+        if self._trial_left:
+            return
+        # A trial ended: the better arm wins (pausing only once it has a whole trial's evidence).
+        draft_rate = self._arm_tokens[0] / self._arm_seconds[0] if self._arm_seconds[0] > 0 else 0.0
+        pause_rate = self._arm_tokens[1] / self._arm_seconds[1] if self._arm_steps[1] else 0.0
+        pause_wins = pause_rate > (1.0 + self._PAUSE_MARGIN) * draft_rate
+        winner = self._PAUSE if pause_wins and (self._winner == self._PAUSE or self._pause_won_last) else self._DRAFT
+        self._pause_won_last = pause_wins
+        if winner == self._winner:
+            self._trial_period = min(self._trial_period * self.explore_backoff, 16 * self.trial_every)
+        else:
+            self._winner, self._trial_period = winner, self.trial_every
+        self._next_trial = self._step + self._trial_period
 
     # -- what it has learnt (also for reports) -------------------------------------------------
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:

@@ -183,3 +183,99 @@ def test_memory_lets_acceptance_follow_a_workload_change():
 def test_bad_adaptation_settings_are_refused(kwargs):
     with pytest.raises(ConfigError, match=next(iter(kwargs))):
         CostAwareBudget(**kwargs)
+
+
+def drive_with_pauses(policy, steps: int, n_accepted: int, drafting_seconds: float = 0.1) -> list:
+    """Like `drive`, asking request_size first: a paused step (size 0) verifies the root alone and
+    pays no drafting; a drafting step pays `drafting_seconds` on top of its verify. Returns, per
+    step, whether it drafted."""
+    drafted = []
+    for _ in range(steps):
+        if policy.request_size() == 0:
+            policy.observe(DraftTree.root_only(7), np.zeros(1, np.int32), cost_of(1))
+            drafted.append(False)
+            continue
+        tree = chain(64, 0.3)
+        verified = tree.with_candidates(policy.choose(tree))
+        path = np.arange(1 + min(verified.n_draft, n_accepted), dtype=np.int32)
+        policy.observe(verified, path, cost_of(len(verified)) + drafting_seconds)
+        drafted.append(True)
+    return drafted
+
+
+def test_drafting_pauses_where_it_does_not_pay_and_resumes_where_it_does():
+    policy = CostAwareBudget()
+    idle = drive_with_pauses(policy, 3000, n_accepted=0)
+    assert not policy.drafting_pays
+    assert sum(idle[1500:]) <= 0.05 * 1500, sum(idle[1500:])   # only the trials still draft
+    # The workload changes: 3 candidates always accepted (4 tokens for 1.3 + 0.1 s against 1 for 1 s).
+    # Only trials draft now, and the acceptance learnt while idle keeps their first trees small, so
+    # drafting takes a few trials to win back.
+    busy = drive_with_pauses(policy, 3000, n_accepted=3)
+    assert policy.drafting_pays
+    assert sum(busy[-500:]) >= 0.95 * 500, sum(busy[-500:])
+    rates = policy.tokens_per_second()
+    assert rates[0] > rates[1], rates
+
+
+def test_drafting_that_pays_is_never_paused_for_long():
+    policy = CostAwareBudget()
+    drafted = drive_with_pauses(policy, 3000, n_accepted=3)
+    assert sum(drafted) >= 0.98 * 3000, 3000 - sum(drafted)   # the pause trials, a few steps each
+
+
+def test_a_close_call_keeps_drafting():
+    """Pausing must beat drafting by a margin, twice running: where drafting's overhead only just
+    outweighs what it gains, drafting goes on (a burst missed while paused would cost more)."""
+    policy = CostAwareBudget()
+    # 1 token per 1.03 s drafting (overhead 0.03, nothing accepted) against 1 token per 1 s paused
+    drafted = drive_with_pauses(policy, 2000, n_accepted=0, drafting_seconds=0.03)
+    assert policy.drafting_pays and sum(drafted) >= 0.95 * 2000
+
+
+def test_trial_steps_zero_never_pauses():
+    policy = CostAwareBudget(trial_steps=0)
+    assert all(drive_with_pauses(policy, 1000, n_accepted=0))
+
+
+def test_a_paused_step_never_asks_the_drafter_and_changes_no_output():
+    from toy import ToyModel, ToyVerifier, plain_greedy
+
+    import draftcore
+    from draftcore.drafters import TrieDrafter
+
+    now = [0.0]
+
+    class SlowCounting(TrieDrafter):
+        """A trie whose every proposal costs 100 clock seconds (a step otherwise costs 5)."""
+        proposals = 0
+
+        def start(self, prompt):
+            request = super().start(prompt)
+            propose = request.propose
+
+            def slow(context, budget):
+                SlowCounting.proposals += 1
+                now[0] += 100.0
+                return propose(context, budget)
+            request.propose = slow
+            return request
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    verifier = ToyVerifier(ToyModel(seed=3))
+    prompt = np.arange(40, dtype=np.int32) % 7 + 1
+    policy = CostAwareBudget(trial_every=8, trial_steps=2)
+    result = draftcore.speculate(verifier, prompt, max_new_tokens=300, drafter=SlowCounting(), budget=policy,
+                                 clock=clock)
+    assert np.array_equal(result.tokens, plain_greedy(verifier, prompt, 300))
+    assert not policy.drafting_pays
+    assert SlowCounting.proposals < result.stats.steps / 3, (SlowCounting.proposals, result.stats.steps)
+
+
+@pytest.mark.parametrize("kwargs", [dict(trial_every=0), dict(trial_steps=-1), dict(trial_steps=1.5)])
+def test_bad_pause_settings_are_refused(kwargs):
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        CostAwareBudget(**kwargs)
