@@ -253,7 +253,7 @@ class CostAwareBudget:
         self._trial_left -= 1
         if self._trial_left:
             return
-        # A trial ended: the better arm wins (pausing only once it has a whole trial's evidence).
+        # A trial ended: pausing wins by a margin, and takes over only after winning two trials running.
         draft_rate = self._arm_tokens[0] / self._arm_seconds[0] if self._arm_seconds[0] > 0 else 0.0
         pause_rate = self._arm_tokens[1] / self._arm_seconds[1] if self._arm_steps[1] else 0.0
         pause_wins = pause_rate > (1.0 + self._PAUSE_MARGIN) * draft_rate

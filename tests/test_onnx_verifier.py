@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import draftcore  # noqa: E402
 from draftcore.adapters.onnx import OrtVerifier, export  # noqa: E402
-from draftcore.errors import BackendError, ConfigError, InputError  # noqa: E402
+from draftcore.errors import ConfigError, InputError  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
 
 from tiny_llama import tiny_llama  # noqa: E402

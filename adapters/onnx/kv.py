@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-_ONNX_TYPES = {np.float32: 1, np.float16: 10}   # onnx.TensorProto.FLOAT, FLOAT16
-
 
 def empty_cache(ort, n_layers: int, kv_heads: int, head_dim: int, dtype, device: str, device_id: int) -> list:
     """2 * n_layers OrtValues of shape [1, kv_heads, 0, head_dim] (no context yet)."""
@@ -24,10 +22,9 @@ class RowGather:
     """keep(values, rows) -> the values with only `rows` (int64, in order) of axis 2 kept."""
 
     def __init__(self, ort, n_tensors: int, dtype, providers, device: str, device_id: int):
-        import onnx
         from onnx import TensorProto, helper
 
-        elem = _ONNX_TYPES[np.dtype(dtype).type]
+        elem = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}[np.dtype(dtype).type]
         inputs = [helper.make_tensor_value_info(f"x{i}", elem, [1, "h", "t", "d"]) for i in range(n_tensors)]
         inputs.append(helper.make_tensor_value_info("rows", TensorProto.INT64, ["k"]))
         outputs = [helper.make_tensor_value_info(f"y{i}", elem, [1, "h", "k", "d"]) for i in range(n_tensors)]
