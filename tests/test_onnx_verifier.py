@@ -198,3 +198,53 @@ def test_verify_before_prefill_and_commit_twice_are_refused(exported):
     fresh.commit(np.array([0], np.int32))
     with pytest.raises(InputError, match="commit\\(\\) needs a verified tree"):
         fresh.commit(np.array([0], np.int32))
+
+
+def test_a_verifier_used_from_two_threads_is_refused_not_corrupted(exported):
+    import threading
+
+    from draftcore.errors import BusyError
+
+    shared = OrtVerifier(exported, providers=CPU, self_check=False)
+    prompt = np.asarray(PROMPTS[0], np.int32)
+    want = plain_greedy(OrtVerifier(exported, providers=CPU, self_check=False), prompt, 40)
+    barrier = threading.Barrier(2)
+    for _ in range(3):
+        outcomes = []
+
+        def work():
+            barrier.wait()
+            try:
+                outcomes.append(draftcore.speculate(shared, prompt, max_new_tokens=40, budget=4).tokens)
+            except BusyError as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(outcomes) == 2 and any(not isinstance(o, BusyError) for o in outcomes)
+        for outcome in outcomes:   # each either exact or refused, never a wrong output
+            if not isinstance(outcome, BusyError):
+                np.testing.assert_array_equal(outcome, want)
+
+
+def test_a_genai_graph_with_a_symbolic_head_size_needs_its_config(tmp_path):
+    """onnxruntime-genai's graphs leave the head size symbolic ('kv_cache_dim'): it is read from
+    genai_config.json, and a copy of model.onnx without its folder's configs is refused by name."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (draftcore[onnx-genai])")
+    import shutil
+
+    from onnx_fixtures import genai_folder, save_tiny_llama
+
+    save_tiny_llama(tmp_path / "hf", seed=0, vocab_size=512)
+    folder = genai_folder(tmp_path / "hf", tmp_path / "cache")
+    verifier = OrtVerifier(folder, providers=CPU)
+    assert verifier.mode == "chain" and verifier.interface.head_dim is None
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for name in ("model.onnx", "model.onnx.data"):
+        shutil.copy(folder / name, alone / name)
+    with pytest.raises(ConfigError, match="symbolic head dimension"):
+        OrtVerifier(alone / "model.onnx", providers=CPU, max_context=64)

@@ -34,7 +34,7 @@ class GraphInterface:
     mode: str                     # TREE or CHAIN
     n_layers: int
     kv_heads: int
-    head_dim: int
+    head_dim: int | None          # None where the graph leaves it symbolic (genai: 'kv_cache_dim')
     vocab_size: int | None        # from the logits output's static shape, if it has one
     kv_dtype: type                # numpy dtype of the past/present tensors
     mask_dtype: type              # numpy dtype of attention_mask
@@ -85,15 +85,16 @@ def read_interface(session) -> GraphInterface:
     if mode == TREE and "position_ids" not in inputs:
         refuse("a 4-D attention_mask without position_ids")
     key = inputs[past[0]]
-    if len(key.shape) != 4 or not isinstance(key.shape[1], int) or not isinstance(key.shape[3], int):
-        refuse(f"{past[0]} has shape {key.shape}, expected [batch, kv_heads, past, head_dim] with static heads")
+    if len(key.shape) != 4 or not isinstance(key.shape[1], int):
+        refuse(f"{past[0]} has shape {key.shape}, expected [batch, kv_heads, past, head_dim] with static kv_heads")
     kv_dtype = _ORT_TYPES.get(key.type)
     mask_dtype = _ORT_TYPES.get(mask.type)
     if kv_dtype is None or mask_dtype is None:
         refuse(f"{past[0]} is {key.type} and attention_mask {mask.type}: supported are float, float16, int64")
     logits_shape = outputs["logits"].shape
     vocab = logits_shape[-1] if logits_shape and isinstance(logits_shape[-1], int) else None
-    return GraphInterface(mode=mode, n_layers=n_layers, kv_heads=int(key.shape[1]), head_dim=int(key.shape[3]),
+    head_dim = key.shape[3] if isinstance(key.shape[3], int) else None
+    return GraphInterface(mode=mode, n_layers=n_layers, kv_heads=int(key.shape[1]), head_dim=head_dim,
                           vocab_size=vocab, kv_dtype=kv_dtype, mask_dtype=mask_dtype,
                           has_position_ids="position_ids" in inputs, past_names=past, present_names=present,
                           has_argmax="argmax" in outputs)

@@ -63,6 +63,7 @@ class OrtVerifier:
         self._device, self._device_id = _device_of(session.get_providers(), session.get_provider_options())
         meta = session.get_modelmeta().custom_metadata_map
         self._vocab_size = _vocab_size(self.interface, folder)
+        self._head_dim = _head_dim(self.interface, folder)
         self._max_context = _max_context(max_context, meta, folder)
         self._tokenizer = tokenizer
         iface = self.interface
@@ -70,9 +71,11 @@ class OrtVerifier:
                                  self._device_id)
         self._mask_min = (np.finfo(iface.mask_dtype).min if np.issubdtype(iface.mask_dtype, np.floating) else None)
         self._outputs = (["argmax"] if iface.has_argmax else []) + ["logits", *iface.present_names]
+        self._runs = 0
         self.reset()
         if self_check:
             self._self_check()
+        self._runs = 0   # the self-check's runs are not the caller's
 
     # ---------------------------------------------------------------- protocol attributes
 
@@ -96,6 +99,11 @@ class OrtVerifier:
     @property
     def session(self):
         return self._session
+
+    @property
+    def runs(self) -> int:
+        """Decoder runs since construction (prefill and verifies; the self-check's excluded)."""
+        return self._runs
 
     # ---------------------------------------------------------------- protocol methods
 
@@ -174,7 +182,7 @@ class OrtVerifier:
         want_rows[0] .. want_rows[0] + want_rows[1] - 1, the presents as OrtValues)."""
         iface, n, n_past = self.interface, len(tree), self._n_past
         cache = self._cache if self._cache is not None else empty_cache(
-            self._ort, iface.n_layers, iface.kv_heads, iface.head_dim, iface.kv_dtype, self._device, self._device_id)
+            self._ort, iface.n_layers, iface.kv_heads, self._head_dim, iface.kv_dtype, self._device, self._device_id)
         binding = self._session.io_binding()
         binding.bind_cpu_input("input_ids", tree.tokens.astype(np.int64)[None])
         if iface.has_position_ids:
@@ -185,6 +193,7 @@ class OrtVerifier:
         for name in self._outputs:
             on_host = name == "argmax"
             binding.bind_output(name, "cpu" if on_host else self._device, 0 if on_host else self._device_id)
+        self._runs += 1
         try:
             self._session.run_with_iobinding(binding)
         except Exception as exc:
@@ -315,6 +324,23 @@ def _vocab_size(iface, folder) -> int:
     if "vocab_size" in genai:
         return positive_int("genai_config.json vocab_size", genai["vocab_size"])
     raise ConfigError("model: the logits output has no static vocabulary size and no config.json says it")
+
+
+def _head_dim(iface, folder) -> int:
+    """The KV rows' width: static in the graph, else genai_config.json's head_size, else config.json."""
+    if iface.head_dim is not None:
+        return iface.head_dim
+    decoder = _json(folder, "genai_config.json").get("model", {}).get("decoder", {})
+    if "head_size" in decoder:
+        return positive_int("genai_config.json head_size", decoder["head_size"])
+    config = _json(folder, "config.json")
+    if "head_dim" in config:
+        return positive_int("config.json head_dim", config["head_dim"])
+    if "hidden_size" in config and "num_attention_heads" in config:
+        return positive_int("config.json hidden_size // num_attention_heads",
+                            config["hidden_size"] // config["num_attention_heads"])
+    raise ConfigError(f"model: {iface.past_names[0]} has a symbolic head dimension and no genai_config.json or "
+                      f"config.json beside the model says it")
 
 
 def _max_context(explicit, meta: dict, folder) -> int:

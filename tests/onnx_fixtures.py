@@ -1,0 +1,57 @@
+"""ONNX models of the tiny random Llama made by the tools users make them with, offline.
+
+    save_tiny_llama(folder, seed, vocab_size)  an HF folder: the tiny Llama and a word-level tokenizer
+                                               (the model builder needs one it can load)
+    genai_folder(hf_folder, cache_dir)         onnxruntime-genai's model builder (adapters/onnx/builds.py)
+    optimum_folder(hf_folder, out_dir)         optimum-onnx's `optimum-cli export onnx --task
+                                               text-generation-with-past`, run by the separate venv
+                                               that `make test` builds (.venv-optimum): optimum-onnx
+                                               0.1.0 needs transformers < 4.58, draftcore's venv has 5.x
+
+Each returns a folder, or calls pytest.skip naming the missing package.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+OPTIMUM_PYTHON = Path(os.environ.get("DRAFTCORE_OPTIMUM_PYTHON", REPO / ".venv-optimum" / "bin" / "python"))
+
+
+def save_tiny_llama(folder, *, seed: int = 0, vocab_size: int = 512, **options):
+    """Save tests/tiny_llama.py's model with a word-level tokenizer ("t0" .. "t{vocab-1}"); return the model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tiny_llama import tiny_llama
+
+    model = tiny_llama(seed, vocab_size=vocab_size, **options)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="t0", eos_token="t1").save_pretrained(folder)
+    return model
+
+
+def genai_folder(hf_folder, cache_dir) -> Path:
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (draftcore[onnx-genai])")
+    from draftcore.adapters.onnx.builds import genai_build
+    return genai_build(hf_folder, cache_dir=cache_dir)
+
+
+def optimum_folder(hf_folder, out_dir) -> Path:
+    if not OPTIMUM_PYTHON.is_file():
+        pytest.skip(f"optimum-onnx is not installed: no {OPTIMUM_PYTHON} (make test builds .venv-optimum, or set "
+                    f"DRAFTCORE_OPTIMUM_PYTHON to a python that has optimum-onnx)")
+    out_dir = Path(out_dir)
+    command = [str(OPTIMUM_PYTHON), "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model",
+               str(hf_folder), "--task", "text-generation-with-past", str(out_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert done.returncode == 0, f"optimum-cli export failed:\n{done.stderr[-3000:]}"
+    return out_dir
