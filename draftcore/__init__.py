@@ -18,6 +18,7 @@ from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams
 from .session import Session
 from .speculate import SpeculationStream, speculate, speculate_stream
+from .text import IncrementalText
 from .tree import DraftTree
 
 __version__ = "0.1.0"
@@ -26,5 +27,5 @@ __all__ = [
     "speculate", "speculate_stream", "SpeculationStream", "Session", "SpeculateResult", "SpeculateStats",
     "SamplingParams", "DraftTree", "Verifier", "Drafter", "DraftRequest", "TrieDrafter", "TrieRequest",
     "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
-    "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError",
+    "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError", "IncrementalText",
 ]

@@ -19,6 +19,8 @@ OpenAI API and vLLM (counts over generated tokens only, the prompt excluded).
                                                            each distinct t in prompt + generated + path
     presence_penalty    —  (OpenAI / vLLM)                 z[t] -= presence     if c[t] > 0   c[t]: count of t in
     frequency_penalty   —  (OpenAI / vLLM)                 z[t] -= frequency · c[t]           generated + path
+    logits_processors   a user's LogitsProcessor list      z = fn(prefix, z) for each fn in order, prefix =
+                                                           prompt + generated + path (int64)
     temperature         TemperatureLogitsWarper            z /= T
     top_k               TopKLogitsWarper                   z[t] = -inf where z[t] < the k-th largest (ties kept)
     top_p               TopPLogitsWarper                   keep the most likely tokens, in order, while the
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+
+from .errors import BackendError, describe
 
 
 
@@ -60,7 +64,7 @@ class LogitsProcessor:
 
     def __init__(self, vocab_size: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0):
+                 frequency_penalty: float = 0.0, logits_processors: tuple = ()):
         self.vocab_size = int(vocab_size)
         self.warp = temperature > 0.0
         self.temperature = float(temperature)
@@ -78,6 +82,10 @@ class LogitsProcessor:
         self._counts = np.zeros(self.vocab_size, np.int32)
         self._seen_ids = np.empty(64, np.int32)
         self._n_seen = 0
+        # Prefix functions see every node's whole prefix, so the context itself is kept (only then).
+        self.logits_processors = tuple(logits_processors)
+        self._context = np.empty(0, np.int64)
+        self._n_context = 0
 
     @classmethod
     def from_params(cls, params, vocab_size: int) -> "LogitsProcessor":
@@ -85,7 +93,7 @@ class LogitsProcessor:
         return cls(vocab_size, temperature=params.temperature if not params.is_greedy else 0.0,
                    top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                    repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
-                   frequency_penalty=params.frequency_penalty)
+                   frequency_penalty=params.frequency_penalty, logits_processors=params.logits_processors)
 
     # -- request state ---------------------------------------------------------------------------
     def start(self, prompt: np.ndarray) -> None:
@@ -93,6 +101,7 @@ class LogitsProcessor:
         self._seen[:] = False
         self._counts[:] = 0
         self._n_seen = 0
+        self._n_context = 0
         self._add(prompt, generated=False)
 
     def update(self, tokens: np.ndarray) -> None:
@@ -100,6 +109,8 @@ class LogitsProcessor:
         self._add(tokens, generated=True)
 
     def _add(self, tokens, generated: bool) -> None:
+        if self.logits_processors:
+            self._append_context(tokens)
         if not self.penalised:
             return
         tokens = np.asarray(tokens, np.int32)
@@ -115,6 +126,15 @@ class LogitsProcessor:
                 self._seen_ids = grown
             self._seen_ids[self._n_seen:need] = new
             self._n_seen = need
+
+    def _append_context(self, tokens) -> None:
+        need = self._n_context + len(tokens)
+        if need > self._context.shape[0]:
+            grown = np.empty(max(need, 2 * self._context.shape[0], 256), np.int64)
+            grown[:self._n_context] = self._context[:self._n_context]
+            self._context = grown
+        self._context[self._n_context:need] = tokens
+        self._n_context = need
 
     # -- processing ------------------------------------------------------------------------------
     def process_next(self, logits: np.ndarray) -> np.ndarray:
@@ -152,6 +172,8 @@ class LogitsProcessor:
             _penalise(z, tokens, parents, nodes, self._seen, self._seen_ids, self._n_seen, self._counts,
                       np.float32(self.repetition_penalty), np.float32(self.presence_penalty),
                       np.float32(self.frequency_penalty))
+        if self.logits_processors:
+            self._apply_prefix_functions(z, tokens, parents, nodes)
         if not self.warp:
             return z, None
         if self.temperature != 1.0:
@@ -163,6 +185,24 @@ class LogitsProcessor:
         if self.top_p < 1.0 or self.min_p > 0.0:
             _nucleus(z, e, zmax, self.top_p, np.float32(self.min_p))
         return z, e
+
+
+    def _apply_prefix_functions(self, z, tokens, parents, nodes) -> None:
+        """Row r becomes fn(prefix of node nodes[r], row) for every user function, in order."""
+        context = self._context[:self._n_context]
+        for r in range(z.shape[0]):
+            path = []
+            node = int(nodes[r])
+            while node > 0:   # the root is the context's last token already
+                path.append(int(tokens[node]))
+                node = int(parents[node])
+            prefix = np.concatenate([context, np.array(path[::-1], np.int64)]) if path else context.copy()
+            for i, fn in enumerate(self.logits_processors):
+                row = np.asarray(fn(prefix, z[r]), dtype=np.float32)
+                if row.shape != (self.vocab_size,):
+                    raise BackendError(f"logits_processors[{i}]: {describe(fn)} returned shape {row.shape}; "
+                                       f"expected ({self.vocab_size},), one score per token")
+                z[r] = row
 
 
 _ROOT_TOKENS = np.zeros(1, np.int32)       # a root-only tree: its prefix is the context

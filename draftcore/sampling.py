@@ -49,6 +49,12 @@ class SamplingParams:
         frequency_penalty   0.0      subtract times the number of times it was generated (OpenAI/vLLM)
         seed                None     int: reproducible; a numpy Generator: drawn from (and advanced);
                                      None: fresh entropy, reported as `result.seed` for replay
+        logits_processors   ()       callables fn(prefix, logits) -> logits, each a pure function of
+                                     the prefix (int64 ids: prompt + generated) and the float32 row,
+                                     applied in order after the penalties and before temperature
+                                     (transformers' place for a user LogitsProcessor); draftcore
+                                     calls them once per drafted node with that node's own prefix,
+                                     so a processor that keeps state between calls is not exact
 
     A seed reproduces a run given the same verifier, drafter state and budget: the drafted trees
     decide how many random draws a step uses. (With budget="auto" the tree sizes follow measured
@@ -64,6 +70,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | np.random.Generator | None = None
+    logits_processors: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.do_sample, (bool, np.bool_)):
@@ -91,6 +98,16 @@ class SamplingParams:
         if not (seed is None or isinstance(seed, np.random.Generator)
                 or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0)):
             raise ConfigError(f"seed: expected None, an int >= 0 or a numpy Generator, got {describe(seed)}")
+        processors = self.logits_processors
+        if processors is None or callable(processors) or isinstance(processors, (str, bytes)):
+            raise ConfigError(f"logits_processors: expected a sequence of callables fn(prefix, logits), "
+                              f"got {describe(processors)}")
+        processors = tuple(processors)
+        for i, fn in enumerate(processors):
+            if not callable(fn):
+                raise ConfigError(f"logits_processors[{i}]: expected a callable fn(prefix, logits) -> logits, "
+                                  f"got {describe(fn)}")
+        object.__setattr__(self, "logits_processors", processors)
 
     @property
     def is_greedy(self) -> bool:
@@ -100,6 +117,11 @@ class SamplingParams:
     @property
     def penalised(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Greedy needs the logits too: something changes them before the argmax."""
+        return self.penalised or bool(self.logits_processors)
 
     def generator(self) -> tuple[np.random.Generator, int | None]:
         """(the random generator of one request, the int seed that replays it, or None)."""
@@ -137,7 +159,7 @@ def _number(name, value, low, high, expected, open_low=False) -> float:
 # -- acceptance rules: what the decode loop asks for and how it turns the answer into tokens ------------
 def make_rule(params: SamplingParams | None, vocab_size: int):
     """The rule for `speculate(sampling=params)`: the backend's argmax when nothing needs logits."""
-    if params is None or (params.is_greedy and not params.penalised):
+    if params is None or (params.is_greedy and not params.processed):
         return GreedyRule(vocab_size)
     return ProcessedRule(params, vocab_size)
 

@@ -32,11 +32,13 @@ from .errors import BackendError, ConfigError, InputError, describe
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams, as_sampling_params, make_rule
 from .session import Session
+from .text import IncrementalText
 from .tree import DraftTree
 from .validate import positive_int, token_array
 
 _REQUEST_METHODS = ("propose", "update", "finish")
 _FIRST_CONTEXT = 1024  # context buffer tokens after the prompt; it doubles as tokens arrive
+_TEXT_CONTEXT = 4      # prompt tokens decoded before the first generated one (its leading space)
 
 
 def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None, eos_token_id=None,
@@ -83,9 +85,10 @@ class SpeculationStream:
     garbage collector. Closing or collecting a stream ends that stream's request only: a drafter
     shared with other requests keeps serving them."""
 
-    def __init__(self, generator: Iterator[np.ndarray], lifetime: "_Lifetime"):
+    def __init__(self, generator: Iterator[np.ndarray], lifetime: "_Lifetime", decode=None, prompt=None):
         self._generator = generator
         self._lifetime = lifetime
+        self._decode, self._prompt = decode, prompt
         self.result: SpeculateResult | None = None
         # Collected unfinished: release the claims; the request's own finalizer (a TrieRequest's)
         # has the drafter end it at its next call, in whatever thread makes it.
@@ -105,6 +108,22 @@ class SpeculationStream:
         except BaseException:
             self._end()
             raise
+
+    def text(self) -> Iterator[str]:
+        """Iterate over the generated text instead of token arrays: pieces that never split a
+        character (draftcore.text.IncrementalText over the verifier's `decode`). Consumes the stream;
+        `.result` is set at the end as usual."""
+        if self._decode is None:
+            raise ConfigError("text: the verifier has no decode(); build it with a tokenizer, or iterate over "
+                              "token ids")
+        pieces = IncrementalText(self._decode, self._prompt[-_TEXT_CONTEXT:])
+        for tokens in self:
+            piece = pieces.push(tokens)
+            if piece:
+                yield piece
+        rest = pieces.flush()
+        if rest:
+            yield rest
 
     def close(self) -> None:
         """End the request now (finished or not): its drafter state and claims are released."""
@@ -224,7 +243,8 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
     lifetime = _Lifetime(claims)
     generator = _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text,
                         lifetime)
-    return SpeculationStream(generator, lifetime)
+    decode = getattr(verifier, "decode", None)
+    return SpeculationStream(generator, lifetime, decode if callable(decode) else None, prompt)
 
 
 def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, stops, clock, was_text, lifetime):

@@ -22,6 +22,8 @@ one-token decoding; with it off, any multi-token forward can flip a greedy token
 Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
     prompt_lookup    a Llama with draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
+    draft_model      a Llama with draft_model=DraftcoreDraftModel(): draftcore's trie and budget
+                     inside llama-cpp-python's own loop (chains only; kept across every prompt)
     bare             draftcore.speculate(verifier, prompt): the bare call, with the verifier's own
                      session (a TrieDrafter and the auto budget, kept across every prompt)
     trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's
@@ -52,6 +54,7 @@ from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, py
 from draftcore.errors import ConfigError, InputError
 
 from .context import import_llama_cpp
+from .draft_model import DraftcoreDraftModel
 from .verifier import LlamaCppVerifier
 
 METHODS = ("plain", "prompt_lookup", "bare", "trie")
@@ -175,18 +178,19 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
     eos = list(np.atleast_1d(eos_token_id)) if eos_token_id is not None else handle.eos_ids
     table = {"plain": lambda: Method("plain greedy (llama-cpp-python)",
                                      lambda p, n: _generate(handle.llm, p, n, eos))}
-    if "prompt_lookup" in names:
-        lib = import_llama_cpp()
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-        # logits_all=True explicitly: a draft model turns it on internally, but llama-cpp-python (0.3.x)
-        # sizes its logits buffer from the argument (n_batch rows), so a context past n_batch tokens
-        # (a pydoc prompt) overflows it ("could not broadcast ... into shape (0,)").
-        lookup = _counting_llama(lib)(handle.path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
-                                      logits_all=True, **handle.llama_kwargs)
-        table["prompt_lookup"] = lambda: Method("llama-cpp-python prompt lookup",
-                                                lambda p, n: _generate(lookup, p, n, eos))
+    drafting_llamas = {"prompt_lookup": ("llama-cpp-python prompt lookup",
+                                         lambda: _lookup_class()(num_pred_tokens=10)),
+                       "draft_model": ("llama-cpp-python + DraftcoreDraftModel", DraftcoreDraftModel)}
+    for name, (label, make_draft_model) in drafting_llamas.items():
+        if name in names:
+            # logits_all=True explicitly: a draft model turns it on internally, but llama-cpp-python
+            # (0.3.x) sizes its logits buffer from the argument (n_batch rows), so a context past
+            # n_batch tokens (a pydoc prompt) overflows it ("could not broadcast ... into shape (0,)").
+            llm = _counting_llama(import_llama_cpp())(handle.path, draft_model=make_draft_model(), logits_all=True,
+                                                      **handle.llama_kwargs)
+            table[name] = lambda label=label, llm=llm: Method(label, lambda p, n: _generate(llm, p, n, eos))
     verifier = None
-    if set(names) - {"plain", "prompt_lookup"}:  # every other method runs through draftcore's verifier
+    if set(names) - {"plain", *drafting_llamas}:  # every other method runs through draftcore's verifier
         verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True, max_tree_nodes=MAX_TREE_NODES)
     max_draft = MAX_TREE_NODES - 1
 
@@ -220,6 +224,11 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
             raise ConfigError(f"methods: unknown {name!r}; expected some of {sorted(table)} or "
                               f"trie-fixedN with 0 <= N <= {max_draft}")
     return methods
+
+
+def _lookup_class():
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    return LlamaPromptLookupDecoding
 
 
 def plain_greedy(handle: LlamaCppModel, tokenizer, prompt_ids, max_new_tokens, eos_token_id=None) -> np.ndarray:

@@ -1,6 +1,7 @@
 """HuggingFace transformers (PyTorch) backend: `HFVerifier` wraps any causal LM as it is.
 
-Needs torch and transformers (`pip install draftcore[hf]`); `import draftcore` alone never imports them.
+`model.generate(..., custom_generate=speculative_generate)` is the same inside transformers' own
+generate() (generate.py). Needs torch and transformers (`pip install draftcore[hf]`); `import draftcore` alone never imports them.
 """
 try:
     import torch  # noqa: F401
@@ -9,7 +10,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"draftcore.adapters.torch_hf needs torch and transformers "
                       f"(pip install 'draftcore[hf]'): {exc}") from exc
 
+from .generate import speculative_generate
 from .smollm2 import load_smollm2
 from .verifier import HFVerifier
+from .verifier_pool import release
 
-__all__ = ["HFVerifier", "load_smollm2"]
+__all__ = ["HFVerifier", "load_smollm2", "speculative_generate", "release"]

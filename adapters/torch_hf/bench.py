@@ -3,6 +3,9 @@
 Methods (all on the same model object), greedy:
     plain            model.generate(do_sample=False): what users run today
     prompt_lookup    model.generate(prompt_lookup_num_tokens=10): transformers' own n-gram speculation
+    drop_in          model.generate(custom_generate=speculative_generate): draftcore inside generate()
+                     (generate.py; its own verifier and TrieDrafter, kept across every prompt and
+                     dataset like the bare call's)
     nodraft          draftcore.speculate with a budget of 0: every step verifies the root alone, so
                      its speedup is the verifier's forward against generate's (on CPU: the split head
                      and weight-major Linear layers), and trie / nodraft is what drafting adds
@@ -38,6 +41,7 @@ from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 
+from .generate import speculative_generate
 from .head import decoder_of
 from .verifier import HFVerifier
 
@@ -150,6 +154,8 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "plain": lambda: Method("plain greedy", lambda p, n: generate(p, n)),
         "prompt_lookup": lambda: Method("transformers prompt lookup",
                                         lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
+        "drop_in": lambda: Method("generate(custom_generate=draftcore)",
+                                  lambda p, n: generate(p, n, custom_generate=speculative_generate)),
         "bare": lambda: bare_call_method("draftcore bare call", verifier, eos_token_id=eos,
                                          count_forwards=lambda: counter.count),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
