@@ -48,7 +48,9 @@ _OPTION_OF = {
     "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
     "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size",
 }
-_MODEL_KWARGS = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "past_key_values", "cache_position"}
+# transformers 5.24 renamed the cache argument `past_key_values` to `cache`; both names are accepted (empty).
+_CACHE_KWARGS = ("cache", "past_key_values")
+_MODEL_KWARGS = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache_position", *_CACHE_KWARGS}
 
 
 @dataclass
@@ -116,10 +118,11 @@ def _refuse_unsupported_inputs(input_ids, model_kwargs) -> None:
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise ConfigError("attention_mask: has padding (zeros); speculative_generate takes one unpadded sequence")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise ConfigError("past_key_values: a filled cache was passed; speculative_generate keeps its own KV cache "
-                          "(pass the whole sequence as input_ids instead)")
+    for name in _CACHE_KWARGS:
+        cache = model_kwargs.get(name)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            raise ConfigError(f"{name}: a filled cache was passed; speculative_generate keeps its own KV cache "
+                              f"(pass the whole sequence as input_ids instead)")
 
 
 def _split_processors(processors, pure_logits_processors: bool):
