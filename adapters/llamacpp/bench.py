@@ -23,6 +23,8 @@ Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
     prompt_lookup    a Llama with draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
     draft_model      a Llama with draft_model=DraftcoreDraftModel(): draftcore's trie and budget
+    null_draft_model a Llama with a draft model that never drafts: what the draft_model hook itself
+                     costs (llama-cpp-python computes logits for every position once one is attached)
                      inside llama-cpp-python's own loop (chains only; kept across every prompt)
     bare             draftcore.speculate(verifier, prompt): the bare call, with the verifier's own
                      session (a TrieDrafter and the auto budget, kept across every prompt)
@@ -52,6 +54,8 @@ from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 from draftcore.errors import ConfigError, InputError
+
+from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .context import import_llama_cpp
 from .draft_model import DraftcoreDraftModel
@@ -180,7 +184,8 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
                                      lambda p, n: _generate(handle.llm, p, n, eos))}
     drafting_llamas = {"prompt_lookup": ("llama-cpp-python prompt lookup",
                                          lambda: _lookup_class()(num_pred_tokens=10)),
-                       "draft_model": ("llama-cpp-python + DraftcoreDraftModel", DraftcoreDraftModel)}
+                       "draft_model": ("llama-cpp-python + DraftcoreDraftModel", DraftcoreDraftModel),
+                       "null_draft_model": ("llama-cpp-python + a draft model that drafts nothing", NullDraftModel)}
     for name, (label, make_draft_model) in drafting_llamas.items():
         if name in names:
             # logits_all=True explicitly: a draft model turns it on internally, but llama-cpp-python
@@ -267,3 +272,10 @@ def _counting_llama(lib):
 
         _COUNTING["cls"] = CountingLlama
     return _COUNTING["cls"]
+
+
+class NullDraftModel(LlamaDraftModel):
+    """A llama-cpp-python draft model that never drafts: the floor of any draft model there."""
+
+    def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
+        return np.empty(0, np.intc)
