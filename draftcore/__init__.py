@@ -10,7 +10,7 @@ Backends live in draftcore.adapters.<backend> and import their framework when th
 themselves; the benchmark harness and the CLI live in draftcore.tools.
 """
 from .budget import CostAwareBudget, FixedBudget
-from .drafters import DRAFTER_NAMES, CompositeDrafter, JacobiDrafter, NGramDrafter, TrieDrafter
+from .drafters import DRAFTER_NAMES, CompositeDrafter, JacobiDrafter, NGramDrafter, RowDrafter, TrieDrafter
 from .drafters.trie import TrieRequest
 from .errors import BackendError, BusyError, ConfigError, DraftcoreError, InputError
 from .protocols import Drafter, DraftRequest, Verifier
@@ -26,6 +26,6 @@ __version__ = "0.1.0"
 __all__ = [
     "speculate", "speculate_stream", "SpeculationStream", "Session", "SpeculateResult", "SpeculateStats",
     "SamplingParams", "DraftTree", "Verifier", "Drafter", "DraftRequest", "TrieDrafter", "TrieRequest",
-    "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
+    "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "RowDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
     "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError", "IncrementalText",
 ]

