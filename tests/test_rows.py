@@ -223,3 +223,32 @@ def test_a_shared_trie_keeps_serving_its_own_requests_beside_the_rows():
     drafter.close()
     assert trie.requests_in_progress == 0
     trie.check_integrity()
+
+
+def test_a_second_thread_drafting_on_the_same_row_drafter_is_refused(monkeypatch):
+    """One RowDrafter tracks one engine's batch: a concurrent call would end the first call's
+    requests and overwrite its chains, so it gets BusyError, and the first call is unharmed."""
+    import threading
+
+    from draftcore import BusyError
+    drafter = RowDrafter(max_rows=2, max_len=32, max_draft=4, token_limit=VOCAB, token_cost=0.0)
+    rows = np.zeros((2, 32), np.int32)
+    rows[0, :12] = np.tile([1, 2, 3], 4)
+    inside, release = threading.Event(), threading.Event()
+    kernel = drafter._K.step_rows
+
+    def paused(*args):   # the kernel, held until the other thread has tried
+        inside.set()
+        release.wait(10)
+        return kernel(*args)
+
+    monkeypatch.setattr(drafter._K, "step_rows", paused)
+    got = {}
+    first = threading.Thread(target=lambda: got.setdefault("first", drafter.propose(rows, [12])))
+    first.start()
+    assert inside.wait(10)
+    with pytest.raises(BusyError, match="^rows: this RowDrafter is drafting another batch"):
+        drafter.propose(rows, [12])
+    release.set()
+    first.join()
+    assert got["first"][1][0] > 0 and drafter.steps == 1

@@ -21,7 +21,6 @@ ranks, which each run the proposer, agree). Options come from environment variab
 from __future__ import annotations
 
 import importlib.metadata
-import threading
 import time
 import warnings
 
@@ -55,9 +54,8 @@ class DraftcoreProposer:
         self.k = settings["num_speculative_tokens"]
         self.max_model_len = settings["max_model_len"]
         self.rows = RowDrafter(max_rows=settings["max_num_seqs"], max_len=self.max_model_len, max_draft=self.k,
-                               token_limit=settings["vocab_size"], token_cost=options.token_cost, row_cost=options.row_cost,
-                               tree_nodes=options.tree_nodes, drafter=drafter)
-        self._busy = threading.Lock()
+                               token_limit=settings["vocab_size"], token_cost=options.token_cost,
+                               row_cost=options.row_cost, tree_nodes=options.tree_nodes, drafter=drafter)
         self.steps = 0
         self.seconds = 0.0   # spent in propose (for reports: the proposer's share of a step)
 
@@ -70,9 +68,8 @@ class DraftcoreProposer:
         if n == 0:
             return []
         active = np.fromiter((len(ids) > 0 for ids in sampled_token_ids), np.bool_, n)
-        with self._busy:   # vLLM calls from one thread; a second caller would race on the buffers
-            tokens, lengths = self.rows.propose(token_ids_cpu, num_tokens_no_spec[:n], active)
-            drafts = [row[:m] for row, m in zip(tokens.tolist(), lengths.tolist())]
+        tokens, lengths = self.rows.propose(token_ids_cpu, num_tokens_no_spec[:n], active)   # BusyError if concurrent
+        drafts = [row[:m] for row, m in zip(tokens.tolist(), lengths.tolist())]
         self.steps += 1
         self.seconds += time.perf_counter() - start
         return drafts

@@ -48,9 +48,11 @@ capacity) once a request uses it; each tracked request keeps a copy of its token
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from ..errors import ConfigError, InputError, describe
+from ..errors import BusyError, ConfigError, InputError, describe
 from ..jit import kernels
 from ..validate import positive_float, positive_int
 from .trie import TrieDrafter
@@ -63,9 +65,8 @@ class RowDrafter:
     """Chains for every row of a batch from one shared TrieDrafter, one numba call per step."""
 
     def __init__(self, *, max_rows: int, max_len: int, max_draft: int, token_limit: int, token_cost: float = 0.04,
-                 row_cost: float = 0.16,
-                 tree_nodes: int | None = None, memory: float | None = 6000.0, explore: float = 0.25, drafter: TrieDrafter | None = None,
-                 capacity: int = 1 << 18):
+                 row_cost: float = 0.16, tree_nodes: int | None = None, memory: float | None = 6000.0,
+                 explore: float = 0.25, drafter: TrieDrafter | None = None, capacity: int = 1 << 18):
         K = self._K = kernels(_KERNELS)
         T = kernels(_TRIE_KERNELS)
         self.max_rows = positive_int("max_rows", max_rows)
@@ -109,12 +110,13 @@ class RowDrafter:
         self._table = K.new_table(self.max_rows, self.max_rows, self.max_len, self.max_draft, drafter.branch_length,
                                   self._slots)
         self._calibration = K.new_calibration()
-        self._settings = K.RowSettings(max_draft=self.max_draft, tree_nodes=self.tree_nodes,
-                                       token_cost=self.token_cost, row_cost=self.row_cost, keep=keep, token_limit=self.token_limit,
+        self._settings = K.RowSettings(max_draft=self.max_draft, tree_nodes=self.tree_nodes, token_cost=self.token_cost,
+                                       row_cost=self.row_cost, keep=keep, token_limit=self.token_limit,
                                        explore=self.explore)
         self._buffers = T.new_buffers(self.tree_nodes)
         self._out_tokens = np.zeros((self.max_rows, self.max_draft), np.int32)
         self._out_len = np.zeros(self.max_rows, np.int32)
+        self._busy = threading.Lock()
         self.steps = 0            # calls, and the rows drafted / tokens proposed over them
         self.rows_drafted = 0
         self.tokens_proposed = 0
@@ -133,11 +135,20 @@ class RowDrafter:
         rows, n_tokens, active, limits = self._checked(rows, n_tokens, active, limits)
         n = n_tokens.shape[0]
         drafter = self.drafter
-        with drafter._lock:
-            drafter._end_abandoned()
-            refused = self._K.step_rows(drafter._state, drafter._settings, self._table, self._calibration,
-                                        self._settings, self._buffers, rows, n_tokens, active, limits,
-                                        self._out_tokens, self._out_len)
+        # One batch at a time: a second caller would end the first one's requests (rows it does not
+        # hold) and overwrite the chains the first is reading.
+        if not self._busy.acquire(blocking=False):
+            raise BusyError("rows: this RowDrafter is drafting another batch right now; it tracks one engine's "
+                            "batch, so give each engine (each thread calling propose) its own RowDrafter "
+                            "(they may share one TrieDrafter: drafter=...)")
+        try:
+            with drafter._lock:
+                drafter._end_abandoned()
+                refused = self._K.step_rows(drafter._state, drafter._settings, self._table, self._calibration,
+                                            self._settings, self._buffers, rows, n_tokens, active, limits,
+                                            self._out_tokens, self._out_len)
+        finally:
+            self._busy.release()
         lengths = self._out_len[:n]
         self.steps += 1
         self.rows_refused += int(refused)
