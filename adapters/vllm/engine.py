@@ -12,7 +12,6 @@ exactly the same ids. Imports vLLM: use it only where vLLM is installed.
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 
@@ -65,12 +64,6 @@ def generate(llm, prompts, *, max_tokens: int, temperature: float = 0.0, seed: i
             tops = [sorted((float(v.logprob) for v in step.values()), reverse=True) for step in completion.logprobs]
         result.append((np.asarray(completion.token_ids, np.int32), tops))
     return result
-
-
-def timed_generate(llm, prompts, **options):
-    start = time.perf_counter()
-    out = generate(llm, prompts, **options)
-    return out, time.perf_counter() - start
 
 
 def spec_metrics(llm) -> dict:

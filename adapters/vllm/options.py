@@ -43,13 +43,13 @@ class ProposerOptions:
     drafter: str = "trie"
     trie_file: str | None = None
     trie_capacity: int = 1 << 18
-    token_cost: float = 0.04
-    row_cost: float = 0.16
+    token_cost: float = TOKEN_COST_BY_DEVICE["cpu"]
+    row_cost: float = ROW_COST_BY_DEVICE["cpu"]
     tree_nodes: int | None = None
 
 
 def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptions:
-    """The proposer's options from `environ` (default os.environ); `device` picks token_cost's default."""
+    """The proposer's options from `environ` (default os.environ); `device` picks the cost defaults."""
     environ = os.environ if environ is None else environ
     unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in KNOWN and k not in _OTHERS)
     if unknown:
@@ -69,32 +69,28 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
     return ProposerOptions(
         drafter=drafter, trie_file=trie_file,
         trie_capacity=_int(environ, "DRAFTCORE_TRIE_CAPACITY", 1 << 18, minimum=64),
-        token_cost=_float(environ, "DRAFTCORE_TOKEN_COST", TOKEN_COST_BY_DEVICE.get(device, 0.04)),
-        row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, 0.16)),
+        token_cost=_float(environ, "DRAFTCORE_TOKEN_COST", TOKEN_COST_BY_DEVICE.get(device, ProposerOptions.token_cost)),
+        row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, ProposerOptions.row_cost)),
         tree_nodes=_int(environ, "DRAFTCORE_TREE_NODES", None, minimum=1))
 
 
 def _int(environ, name: str, default, minimum: int):
-    text = environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise ConfigError(f"{name}: {text!r}; expected an integer >= {minimum}")
-    return value
+    return _number(environ, name, default, int, lambda v: v >= minimum, f"an integer >= {minimum}")
 
 
 def _float(environ, name: str, default: float) -> float:
+    return _number(environ, name, default, float, lambda v: 0.0 <= v < float("inf"), "a finite number >= 0")
+
+
+def _number(environ, name: str, default, parse, allowed, expected: str):
+    """environ[name] parsed, `default` when unset; ConfigError naming the variable, its text and `expected`."""
     text = environ.get(name)
     if text is None:
         return default
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        value = float("nan")
-    if not value >= 0.0 or value == float("inf"):
-        raise ConfigError(f"{name}: {text!r}; expected a finite number >= 0")
+        value = None
+    if value is None or not allowed(value):   # NaN fails every comparison, so it is refused too
+        raise ConfigError(f"{name}: {text!r}; expected {expected}")
     return value
