@@ -13,6 +13,7 @@ from draftcore.adapters.onnx import OrtVerifier, export  # noqa: E402
 from draftcore.errors import ConfigError, InputError  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
 
+from onnx_fixtures import plain_greedy  # noqa: E402
 from tiny_llama import tiny_llama  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
@@ -33,14 +34,6 @@ def exported(model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def verifier(exported):
     return OrtVerifier(exported, providers=CPU)
-
-
-def plain_greedy(verifier, prompt, n_new):
-    out = [int(verifier.prefill(np.asarray(prompt, np.int32))[0][0])]
-    while len(out) < n_new:
-        out.append(int(verifier.verify(DraftTree.root_only(out[-1]))[0][0]))
-        verifier.commit(np.array([0], np.int32))
-    return np.array(out, np.int32)
 
 
 def torch_logits(model, ids):

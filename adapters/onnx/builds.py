@@ -4,6 +4,8 @@
     genai_build(hf_folder)    onnxruntime-genai's model builder: a genai folder (genai_config.json,
                               model.onnx with GroupQueryAttention and a 2-D mask): chain mode, and
                               what onnxruntime-genai's own generation runs
+    gqa_tree_build(hf_folder) the genai build rewired for tree mode (rewire.py): tree mode on the
+                              builder's fused kernels
 
 Both land in $DRAFTCORE_CACHE/onnx (default ~/.cache/draftcore/onnx), in a folder named after the HF
 folder, the precision and a fingerprint of its config and weights, so a changed model is rebuilt. A
@@ -56,6 +58,18 @@ def genai_build(hf_folder, dtype: str = "float32", execution_provider: str = "cp
         shutil.rmtree(tmp / ".builder-cache", ignore_errors=True)
 
     return _cached(hf_folder, f"genai-{_precision(dtype)}-{execution_provider}", build, cache_dir)
+
+
+def gqa_tree_build(hf_folder, dtype: str = "float32", execution_provider: str = "cpu", cache_dir=None) -> Path:
+    """The cached tree-mode rewiring (rewire.tree_from_genai) of `genai_build(hf_folder, ...)`."""
+    from .rewire import tree_from_genai
+
+    genai = genai_build(hf_folder, dtype, execution_provider, cache_dir)
+
+    def build(tmp: Path):
+        tree_from_genai(genai, tmp)
+
+    return _cached(hf_folder, f"gqa-tree-{_precision(dtype)}-{execution_provider}", build, cache_dir)
 
 
 def _precision(dtype: str) -> str:

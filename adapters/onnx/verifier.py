@@ -12,7 +12,10 @@ Two modes, read from the graph's inputs (graph.py) and reported by `mode`:
 
 The KV cache stays where the session runs (IO binding; kv.py): a verify binds it as the past inputs
 and gets past + tree rows back; a commit keeps the context and the accepted path with a Gather on
-the same providers. Providers are always explicit: ONNX Runtime's own default order silently picks
+the same providers. A graph that reads and writes one preallocated KV buffer (onnxruntime-genai's
+models, `past_present_share_buffer` in genai_config.json) runs with that buffer bound as past and
+present (kv.SharedCache), as onnxruntime-genai itself runs it: a step writes only its own rows and a
+chain commit costs nothing. Providers are always explicit: ONNX Runtime's own default order silently picks
 whatever the installed build has.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ from draftcore.tree import DraftTree
 from draftcore.validate import positive_int, token_array
 
 from . import graph
-from .kv import RowGather, empty_cache
+from .kv import RowGather, SharedCache, empty_cache
 
 # Relative error a correct k-token forward shows against one-token decoding is ~1e-6 in fp32 on the
 # CPU EP (tiny Llama and SmolLM2, measured); a graph that ignores the tree mask is off by > 0.05.
@@ -48,10 +51,13 @@ class OrtVerifier:
     self_check: at construction, run a branching tree (tree mode) or a chain with a partial commit
         (chain mode) and compare with one-token decoding through the same session.
     tokenizer: optional, with encode/decode: `speculate` then takes and returns text.
+    share_buffer: bind one KV buffer as past and present (chain mode only). None (default): on when
+        the folder's genai_config.json says `past_present_share_buffer` (onnxruntime-genai models).
+        The self-check compares it with the copying path before it is trusted.
     """
 
     def __init__(self, model, *, providers=None, session_options=None, max_context: int | None = None,
-                 self_check: bool = True, tokenizer=None):
+                 self_check: bool = True, tokenizer=None, share_buffer: bool | None = None):
         import onnxruntime as ort
 
         self._ort = ort
@@ -71,6 +77,12 @@ class OrtVerifier:
                                  self._device_id)
         self._mask_min = (np.finfo(iface.mask_dtype).min if np.issubdtype(iface.mask_dtype, np.floating) else None)
         self._outputs = (["argmax"] if iface.has_argmax else []) + ["logits", *iface.present_names]
+        self._present_index = {name: i for i, name in enumerate(iface.present_names)}
+        self._shared = None
+        if _shares_buffer(share_buffer, self.mode, folder):
+            self._shared = SharedCache(ort, 2 * iface.n_layers, iface.kv_heads, self._head_dim, iface.kv_dtype,
+                                       session.get_providers(), self._device, self._device_id, self._max_context)
+        self._use_shared = self._shared is not None
         self._runs = 0
         self.reset()
         if self_check:
@@ -99,6 +111,11 @@ class OrtVerifier:
     @property
     def session(self):
         return self._session
+
+    @property
+    def shares_buffer(self) -> bool:
+        """Whether the KV cache is one buffer bound as past and present (module docstring)."""
+        return self._shared is not None
 
     @property
     def runs(self) -> int:
@@ -149,7 +166,9 @@ class OrtVerifier:
         tree, presents = self._pending
         path = check_path(path, tree)
         k, n = path.shape[0], len(tree)
-        if k == n:   # the whole tree is the path (a fully accepted chain): the presents as they are
+        if self._use_shared:   # a chain's path is its prefix: rows n_past .. n_past + k - 1 are in place
+            self._cache = presents
+        elif k == n:   # the whole tree is the path (a fully accepted chain): the presents as they are
             self._cache = presents
         else:
             rows = np.concatenate([np.arange(self._n_past, dtype=np.int64), self._n_past + path.astype(np.int64)])
@@ -181,8 +200,13 @@ class OrtVerifier:
         """Run `tree` after the cache; return (int32 argmax of every node, float32 logits rows
         want_rows[0] .. want_rows[0] + want_rows[1] - 1, the presents as OrtValues)."""
         iface, n, n_past = self.interface, len(tree), self._n_past
-        cache = self._cache if self._cache is not None else empty_cache(
-            self._ort, iface.n_layers, iface.kv_heads, self._head_dim, iface.kv_dtype, self._device, self._device_id)
+        if self._use_shared:
+            self._shared.reserve(n_past + n)
+            cache = self._shared.values
+        else:
+            cache = self._cache if self._cache is not None else empty_cache(
+                self._ort, iface.n_layers, iface.kv_heads, self._head_dim, iface.kv_dtype, self._device,
+                self._device_id)
         binding = self._session.io_binding()
         binding.bind_cpu_input("input_ids", tree.tokens.astype(np.int64)[None])
         if iface.has_position_ids:
@@ -192,7 +216,10 @@ class OrtVerifier:
             binding.bind_ortvalue_input(name, value)
         for name in self._outputs:
             on_host = name == "argmax"
-            binding.bind_output(name, "cpu" if on_host else self._device, 0 if on_host else self._device_id)
+            if self._use_shared and name in self._present_index:   # the present writes into its past buffer
+                binding.bind_ortvalue_output(name, cache[self._present_index[name]])
+            else:
+                binding.bind_output(name, "cpu" if on_host else self._device, 0 if on_host else self._device_id)
         self._runs += 1
         try:
             self._session.run_with_iobinding(binding)
@@ -212,7 +239,9 @@ class OrtVerifier:
             rows = all_rows[first:first + count] if count else None
         logits = (np.ascontiguousarray(rows, np.float32) if rows is not None
                   else np.empty((0, self._vocab_size), np.float32))
-        expected = n_past + n
+        if self._use_shared:
+            presents = cache
+        expected = self._shared.capacity if self._use_shared else n_past + n
         got = presents[0].shape()[2]
         if got != expected:
             raise BackendError(f"onnxruntime: {iface.present_names[0]} holds {got} positions after a run of {n} "
@@ -244,12 +273,18 @@ class OrtVerifier:
             _, chain_logits = self.verify(DraftTree.chain(r, [a1, a2]), 3)
             self.commit(np.array([0, 1], np.int32))
             _, after = self.verify(DraftTree.root_only(x), 1)
-            want = plain_decoding_logits(self, prompt, [r, a1, a2])
-            want_after = plain_decoding_logits(self, prompt, [r, a1, x])[2:]
+            shared, self._use_shared = self._use_shared, False   # the reference copies past into present
+            try:
+                want = plain_decoding_logits(self, prompt, [r, a1, a2])
+                want_after = plain_decoding_logits(self, prompt, [r, a1, x])[2:]
+            finally:
+                self._use_shared = shared
             err = max(relative_error(chain_logits, want), relative_error(after, want_after))
             if not err <= tolerance:
-                raise BackendError(f"OrtVerifier (chain mode): a 3-token run disagrees with one-token decoding "
-                                   f"(relative error {err:.3g} > {tolerance:g}), or the commit kept the wrong rows")
+                how = " with one KV buffer as past and present (share_buffer=False turns it off)" if shared else ""
+                raise BackendError(f"OrtVerifier (chain mode): a 3-token run{how} disagrees with one-token "
+                                   f"decoding (relative error {err:.3g} > {tolerance:g}), or the commit kept the "
+                                   f"wrong rows")
         self.reset()
 
     def __repr__(self) -> str:
@@ -362,3 +397,15 @@ def _json(folder, name: str) -> dict:
     if folder is None or not (Path(folder) / name).is_file():
         return {}
     return json.loads((Path(folder) / name).read_text())
+
+
+def _shares_buffer(requested, mode: str, folder) -> bool:
+    if requested is None:
+        search = _json(folder, "genai_config.json").get("search", {})
+        return mode == graph.CHAIN and search.get("past_present_share_buffer") is True
+    if not isinstance(requested, bool):
+        raise ConfigError(f"share_buffer: expected True, False or None, got {describe(requested)}")
+    if requested and mode != graph.CHAIN:
+        raise ConfigError("share_buffer: True needs a chain-mode graph whose attention writes into its past "
+                          "buffer (onnxruntime-genai's GroupQueryAttention models); this graph is in tree mode")
+    return requested

