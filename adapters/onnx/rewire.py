@@ -51,14 +51,15 @@ def tree_from_genai(genai_dir, out_dir, *, self_check: bool = True) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "model.onnx"
-    for stale in (path, out / "model.onnx.data"):
+    files = (path, out / "model.onnx.data")
+    for stale in files:   # onnx.save appends to an existing data file
         stale.unlink(missing_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, location="model.onnx.data")
+    onnx.save(model, str(path), save_as_external_data=True, location=files[1].name)
     if self_check:
         try:
             _check(path, source)
         except BaseException:
-            for written in (path, out / "model.onnx.data"):
+            for written in files:
                 written.unlink(missing_ok=True)
             raise
     return path
