@@ -799,10 +799,11 @@ def naive_window_step(window, n_levels: int, outs, pool: NaivePool):
 
 
 def naive_merge_trees(root: int, tokens, parents, priority, sources, budget: int):
-    """(tokens, parents, depths, scores, source bits) of ngram_kernels.merge: the union of the trees'
-    token paths (concatenated trees, parents -1 under the root); a path's priority is the least
-    along it of the best priority any tree gives each of its prefixes; best first (ties: the order
-    in which paths first appear), cut to `budget` candidates."""
+    """(tokens, parents, depths, scores, source bits, each input node's index) of
+    ngram_kernels.merge: the union of the trees' token paths (concatenated trees, parents -1 under
+    the root); a path's priority is the least along it of the best priority any tree gives each of
+    its prefixes; best first (ties: the order in which paths first appear), cut to `budget`
+    candidates; an input node's index is its path's in the result, -1 where the cut dropped it."""
     best, bits, first_seen = {}, {}, []
     paths = []
     for i in range(len(tokens)):
@@ -827,7 +828,7 @@ def naive_merge_trees(root: int, tokens, parents, priority, sources, budget: int
         out_depths.append(len(path))
         out_scores.append(score[path])
         out_bits.append(bits[path])
-    return out_tokens, out_parents, out_depths, out_scores, out_bits
+    return out_tokens, out_parents, out_depths, out_scores, out_bits, [index.get(path, -1) for path in paths]
 
 
 # -- the row drafter --------------------------------------------------------------------------------

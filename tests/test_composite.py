@@ -294,13 +294,14 @@ def test_merge_trees_matches_naive(seed):
         if tokens.size == 0:
             continue
         budget = int(rng.integers(0, 30))
-        tree, bits = merge_trees(9, tokens, parents, priority, sources, budget)
+        tree, bits, index = merge_trees(9, tokens, parents, priority, sources, budget)
         want = naive_merge_trees(9, tokens, parents, priority, sources, budget)
         assert tree.tokens.tolist() == want[0]
         assert tree.parents.tolist() == want[1]
         assert tree.depths.tolist() == want[2]
         assert tree.scores.tolist() == [float(s) for s in want[3]]
         assert bits.tolist() == want[4]
+        assert index.tolist() == want[5]
         # what the composite relies on: a valid tree, siblings merged, best first, cut to budget
         tree.check()
         assert tree.n_draft <= budget
@@ -315,14 +316,16 @@ def test_merge_trees_shares_prefixes_and_ors_sources():
     parents = np.array([-1, 0, 1, -1, 3, 4, -1, -1], np.int32)
     priority = np.array([0.9, 0.8, 0.7, 0.5, 0.4, 0.95, 0.6, 0.2], np.float32)
     sources = np.array([0, 0, 0, 1, 1, 1, 1, 2], np.int32)
-    tree, bits = merge_trees(2, tokens, parents, priority, sources, 10)
+    tree, bits, index = merge_trees(2, tokens, parents, priority, sources, 10)
     paths = [tuple(tree.path_tokens(i).tolist()) for i in range(len(tree))]
     assert paths == [(2,), (2, 5), (2, 5, 6), (2, 5, 6, 8), (2, 5, 6, 7), (2, 4)]
     # 8's own 0.95 is capped by its parent's 0.8: a child never outranks its parent
     np.testing.assert_allclose(tree.scores, [1.0, 0.9, 0.8, 0.8, 0.7, 0.6])
     assert bits.tolist() == [0, 0b111, 0b011, 0b010, 0b001, 0b010]
-    cut, cut_bits = merge_trees(2, tokens, parents, priority, sources, 3)
+    assert index.tolist() == [1, 2, 4, 1, 2, 3, 5, 1]   # where each input node went
+    cut, cut_bits, cut_index = merge_trees(2, tokens, parents, priority, sources, 3)
     assert cut.tokens.tolist() == [2, 5, 6, 8] and cut_bits.tolist() == bits[:4].tolist()
+    assert cut_index.tolist() == [1, 2, -1, 1, 2, 3, -1, 1]   # 7 and 4 were cut
 
 
 # -- the composite itself ------------------------------------------------------------------------------------------
@@ -371,30 +374,54 @@ class WrongRequest:  # no observe: the composite must cope
 def test_a_source_that_stops_paying_off_loses_its_share():
     model = repeating_model(PATTERN)
     prompt = np.array(PATTERN * 3, np.int32)
-    drafter = CapturingDrafter(CompositeDrafter(trie=WrongDrafter(), jacobi=None))
+    drafter = CapturingDrafter(CompositeDrafter(trie=WrongDrafter(), jacobi=None, memory=50))
     result = draftcore.speculate(ToyVerifier(model), prompt, max_new_tokens=60, drafter=drafter, budget=4)
     assert result.tokens.tolist() == model.greedy(prompt, 60).tolist()
     request = drafter.requests[0]
-    wrong, ngram = request.accepted / request.offered
-    assert wrong < 0.4 < 0.75 < ngram, (wrong, ngram)  # both started at the prior 0.5
+    wrong, ngram = request.acceptance
+    assert wrong < 0.1 and ngram > 0.75, (wrong, ngram)
+    # WrongRequest scores its nodes 1.0 (a prior of 0.975 there), but its record says otherwise
+    # after a few rejections, and the n-gram tables' nodes come first from then on (the next test)
+    calibrated = request.accepted / request.offered
+    assert calibrated[0, -1] < 0.5
 
 
-def test_the_best_source_keeps_its_own_scores_and_the_others_are_scaled_by_their_relative_rate():
-    # The budget policy calibrates scores, so the merge must not shrink every score by a raw
-    # per-node acceptance rate (a few percent on bushy trees): only relative rates scale them.
+def test_priorities_are_each_sources_acceptance_at_the_nodes_score():
+    # Raw scores are on each source's own scale (the n-gram tables say 1.0 for a key seen once):
+    # the merge ranks a node by how often its source's nodes of that score were accepted lately.
     prompt = np.array(PATTERN * 3, np.int32)
     request = CompositeDrafter(trie=WrongDrafter(), jacobi=None).start(prompt)
-    request.offered[:], request.accepted[:] = (40.0, 40.0), (4.0, 30.0)  # rates 0.1 and 0.75
-    context = prompt
-    ngram_tree = request._requests[1].propose(context, 40)
-    assert ngram_tree.n_draft > 0
-    merged = request.propose(context, 80)  # room for every node of both sources
-    rates = request.accepted / request.offered
-    by_token = {(int(t), int(d)): float(s) for t, d, s in zip(merged.tokens[1:], merged.depths[1:], merged.scores[1:])}
-    for t, d, s in zip(ngram_tree.tokens[1:], ngram_tree.depths[1:], ngram_tree.scores[1:]):
-        assert by_token[(int(t), int(d))] == pytest.approx(float(s), rel=1e-6)  # ngram is the best source
-    wrong = float(merged.scores[merged.tokens == 0][0])
-    assert wrong == pytest.approx(rates[0] / rates[1], rel=1e-5)  # WrongRequest scores 1.0
+    request.offered[0, :], request.accepted[0, :] = 40.0, 4.0     # WrongRequest's nodes: 10 %
+    request.offered[1, :], request.accepted[1, :] = 40.0, 30.0    # the n-gram tables': 75 %
+    merged = request.propose(prompt, 80)  # room for every node of both sources
+    wrong = merged.scores[merged.tokens == 0]
+    np.testing.assert_allclose(wrong, 0.1, rtol=1e-6)
+    ngram = merged.scores[1:][merged.tokens[1:] != 0]
+    assert ngram.size > 0 and np.all(ngram <= 0.75 + 1e-6) and ngram[0] == pytest.approx(0.75)
+    assert merged.tokens[1] != 0   # the better source first, though WrongRequest scores 1.0
+    request.finish()
+
+
+def test_only_verified_candidates_teach_the_calibration():
+    # The budget policy may verify a best-first prefix of the proposal: nodes it cut were never
+    # offered to the model and must not count as rejected.
+    model = repeating_model(PATTERN)
+    prompt = np.array(PATTERN * 3, np.int32)
+    request = CompositeDrafter(trie=WrongDrafter(), jacobi=None).start(prompt)
+    proposed = request.propose(prompt, 8)
+    source, score_bin, index = request._proposed
+    assert proposed.n_draft >= 3
+    verified = proposed.with_candidates(1)    # the root and the best candidate
+    node_tokens = np.array([int(np.argmax(model.logits(prompt.tolist() + verified.path_tokens(i)[1:].tolist())))
+                            for i in range(len(verified))], np.int32)
+    accepted_first = node_tokens[0] == verified.tokens[1]
+    path = np.array([0, 1] if accepted_first else [0], np.int32)
+    before_offered, before_accepted = request.offered.copy(), request.accepted.copy()
+    request.observe(verified, node_tokens, path)
+    grew = request.offered - request._prior_offered - 0.998 * (before_offered - request._prior_offered)
+    assert grew.sum() == pytest.approx((index == 1).sum())   # the one verified node, once per source proposing it
+    gained = request.accepted - request._prior_accepted - 0.998 * (before_accepted - request._prior_accepted)
+    assert gained.sum() == pytest.approx((index == 1).sum() * float(accepted_first))
     request.finish()
 
 

@@ -1,11 +1,18 @@
 """One draft tree from several drafters: trie branches, n-gram chains and Jacobi pool candidates
 merged under one root (identical prefixes shared), the Jacobi window attached as lookahead nodes.
 
-The node budget is split by recent acceptance: a node's priority is its own drafter's score times
-that drafter's recent acceptance rate (accepted / verified nodes it proposed, fading with a memory
-of `memory` steps) relative to the best source's rate, so a source that has stopped paying off yields its nodes to the others within a
-few steps; a node proposed by several sources gets the best of their priorities. The merged tree is
-best first (a child never outranks its parent), so the budget policy may cut it anywhere.
+The node budget is split by each source's recent acceptance, measured where it matters: a node's
+priority is the rate at which its own source's nodes *of the same score* were accepted lately
+(per source, per score bin, fading with a memory of `memory` steps; a fresh request takes each
+score at its word). Sources score on different scales — the n-gram tables' count ratios say 1.0
+for a key seen once, the trie's scores are estimates of acceptance — so raw scores cannot be
+compared, and one rate per source (how this drafter first did it) let a source's confident but
+wrong nodes crowd out another's sure ones. A node proposed by several sources gets the best of
+their priorities, and a child never outranks its parent, so the merged tree is best first and the
+budget policy may cut it anywhere; its scores are calibrated acceptance estimates, which is what
+the policy expects of a drafter's scores. On the recorded SmolLM2 traces with HF CPU costs this
+took the composite's simulated speedup from 1.72x / 1.27x (one rate per source) to 1.81x / 1.36x
+(HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
 
 The model's token at every verified candidate (`observe`) feeds the n-gram tables, whoever
 proposed the node, and the window's outputs feed the Jacobi pool.
@@ -28,14 +35,15 @@ from .ngram import NGramDrafter
 from .trie import TrieDrafter
 
 _DEFAULT = object()
-_PRIOR_OFFERED, _PRIOR_ACCEPTED = 4.0, 2.0  # a new source starts at 50% acceptance
+_BINS = 20           # score bins of the calibration
+_PRIOR_WEIGHT = 2.0  # nodes' worth of the prior that a score is its node's acceptance rate
 
 
 class CompositeDrafter:
     """Merges the drafts of `trie`, `ngram` and `jacobi` (each a drafter or None)."""
 
     def __init__(self, *, trie=_DEFAULT, ngram=_DEFAULT, jacobi=_DEFAULT, window: bool = True,
-                 memory: float = 50.0, token_limit: int = 1 << 18):
+                 memory: float = 500.0, token_limit: int = 1 << 18):
         self.trie = TrieDrafter(token_limit=token_limit) if trie is _DEFAULT else trie
         self.ngram = NGramDrafter() if ngram is _DEFAULT else ngram
         self.window = bool(window)
@@ -70,7 +78,7 @@ class CompositeDrafter:
 
 
 class CompositeRequest:
-    """One request on every source drafter, and the sources' recent acceptance."""
+    """One request on every source drafter, and each source's recent acceptance by score bin."""
 
     returns_valid_trees = True
 
@@ -79,26 +87,32 @@ class CompositeRequest:
         self._requests = requests
         self._jacobi = next((r for s, r in zip(drafter.sources, requests) if s is drafter.jacobi), None)
         self._observers = [r.observe for r in requests if callable(getattr(r, "observe", None))]
-        n = len(requests)
-        self.offered = np.full(n, _PRIOR_OFFERED)
-        self.accepted = np.full(n, _PRIOR_ACCEPTED)
+        centres = (np.arange(_BINS) + 0.5) / _BINS
+        self._prior_offered = np.full((len(requests), _BINS), _PRIOR_WEIGHT)
+        self._prior_accepted = np.tile(_PRIOR_WEIGHT * centres, (len(requests), 1))
+        self.offered = self._prior_offered.copy()    # [source, score bin], faded, prior included
+        self.accepted = self._prior_accepted.copy()
         self._keep = 1.0 - 1.0 / drafter.memory
         self._sources = np.zeros(1, np.int32)  # source bits of the last proposal's nodes
+        self._proposed = None                  # (source, score bin, index in the tree) of its input nodes
+
+    @property
+    def acceptance(self) -> np.ndarray:
+        """Each source's recent acceptance rate over all its verified nodes (NaN: none verified)."""
+        offered = (self.offered - self._prior_offered).sum(axis=1)
+        accepted = (self.accepted - self._prior_accepted).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(offered > 1e-9, accepted / offered, np.nan)
 
     def __repr__(self) -> str:
-        rates = ", ".join(f"{type(s).__name__}: {a / o:.2f}" for s, a, o in
-                          zip(self._drafter.sources, self.accepted, self.offered))
+        rates = ", ".join(f"{type(s).__name__}: {r:.2f}" for s, r in zip(self._drafter.sources, self.acceptance))
         return f"CompositeRequest(acceptance {rates})"
 
     def propose(self, context, budget: int) -> DraftTree:
         context = token_array("context", context)
         root = int(context[-1])
-        rates = self.accepted / self.offered
-        # Relative to the best source: the order is the same as with raw rates, and the best source's
-        # nodes keep their own scores, which the budget policy calibrates (raw rates, a few percent
-        # per node on bushy trees, would push every score into the lowest bin and starve the budget).
-        weights = rates / rates.max()
-        tokens, parents, priority, sources = [], [], [], []
+        calibrated = self.accepted / self.offered
+        tokens, parents, sources, bins = [], [], [], []
         offset = 0
         for i, request in enumerate(self._requests):
             if request is self._jacobi:
@@ -112,12 +126,16 @@ class CompositeRequest:
             # parents index the concatenation; -1: under the common root
             parents.append(np.where(tree.parents[1:] > 0, tree.parents[1:] - 1 + offset, -1).astype(np.int32))
             score = tree.scores[1:] if tree.scores is not None else 0.5 ** tree.depths[1:]
-            priority.append((score * weights[i]).astype(np.float32))
+            bins.append(np.clip((score * _BINS).astype(np.int64), 0, _BINS - 1))
             sources.append(np.full(n, i, np.int32))
             offset += n
+        self._proposed = None
         if offset:
-            merged, self._sources = merge_trees(root, np.concatenate(tokens), np.concatenate(parents),
-                                                np.concatenate(priority), np.concatenate(sources), budget)
+            source, score_bin = np.concatenate(sources), np.concatenate(bins)
+            priority = calibrated[source, score_bin].astype(np.float32)
+            merged, self._sources, index = merge_trees(root, np.concatenate(tokens), np.concatenate(parents),
+                                                       priority, source, budget)
+            self._proposed = (source, score_bin, index)
         else:
             merged, self._sources = DraftTree.root_only(root), np.zeros(1, np.int32)
         if self._jacobi is not None and self._drafter.window:
@@ -129,17 +147,17 @@ class CompositeRequest:
             request.update(tokens)
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
-        m = tree.n_candidates
-        if m > 1 and m <= self._sources.shape[0]:
-            bits = self._sources[1:m]
-            on_path = np.zeros(m - 1, bool)
-            on_path[path[1:] - 1] = True
-            self.offered = _PRIOR_OFFERED + self._keep * (self.offered - _PRIOR_OFFERED)
-            self.accepted = _PRIOR_ACCEPTED + self._keep * (self.accepted - _PRIOR_ACCEPTED)
-            for i in range(len(self._requests)):
-                mine = (bits >> i) & 1 == 1
-                self.offered[i] += mine.sum()
-                self.accepted[i] += (mine & on_path).sum()
+        m = tree.n_candidates   # the policy may have verified only the best m - 1 candidates
+        if self._proposed is not None and 1 < m <= self._sources.shape[0]:
+            source, score_bin, index = self._proposed
+            verified = (index > 0) & (index < m)
+            on_path = np.zeros(m, np.float64)
+            on_path[path] = 1.0
+            self.offered = self._prior_offered + self._keep * (self.offered - self._prior_offered)
+            self.accepted = self._prior_accepted + self._keep * (self.accepted - self._prior_accepted)
+            np.add.at(self.offered, (source[verified], score_bin[verified]), 1.0)
+            np.add.at(self.accepted, (source[verified], score_bin[verified]), on_path[index[verified]])
+        self._proposed = None
         for observe in self._observers:
             observe(tree, node_tokens, path)
 

@@ -381,7 +381,8 @@ def merge(tokens, parents, priority, source, n, budget, out_tokens, out_parents,
     share nodes, a node's priority is the best of its sources', `out_sources` ORs their bits
     (1 << source). Nodes come out by priority, best first (a child never outranks its parent, so
     this is topological), cut to `budget` candidates. out_*[0] is the root (its token set by the
-    caller). Returns the node count, root included."""
+    caller); `merged_of[i]` ends as input node i's index in the result (-1: cut). Returns the node
+    count, root included."""
     m = 1
     first_child[0] = -1
     out_scores[0] = 1.0
@@ -434,6 +435,9 @@ def merge(tokens, parents, priority, source, n, budget, out_tokens, out_parents,
         out_depths[r] = d[c]
         out_scores[r] = s[c]
         out_sources[r] = src[c]
+    for i in range(n):   # each input node's index in the result, -1 where the cut dropped it
+        r = rank[merged_of[i]]
+        merged_of[i] = r if r < keep else -1
     return keep
 
 
