@@ -319,10 +319,7 @@ class CostAwareBudget:
 
     def _cells(self, tree: DraftTree, m: int) -> np.ndarray:
         """Flat calibration cell of the first m nodes: score bin * _RANKS + rank bucket."""
-        scores = tree.scores[:m] if tree.scores is not None else 0.5 ** tree.depths[:m].astype(float)
-        bins = (scores * self._BINS).astype(np.int64)
-        np.minimum(bins, self._BINS - 1, out=bins)
-        np.maximum(bins, 0, out=bins)
+        bins = tree.score_bins(self._BINS, 0, m)
         if m > self._rank_bucket.shape[0]:
             self._rank_bucket = _rank_buckets(m, self._RANKS)
         return bins * self._RANKS + self._rank_bucket[:m]

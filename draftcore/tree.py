@@ -149,6 +149,13 @@ class DraftTree:
         has_child[self.parents[1:]] = True
         return np.flatnonzero(~has_child).astype(np.int32)
 
+    def score_bins(self, n_bins: int, first: int = 0, stop: int | None = None) -> np.ndarray:
+        """int64 bin (0 .. n_bins - 1) of nodes first..stop-1's scores, where calibrations count
+        acceptance; a tree without scores is taken to halve its confidence at each depth."""
+        scores = (self.scores[first:stop] if self.scores is not None
+                  else 0.5 ** self.depths[first:stop].astype(np.float64))
+        return np.clip((scores * n_bins).astype(np.int64), 0, n_bins - 1)
+
     def path_tokens(self, node: int) -> np.ndarray:
         """int32[depth + 1]: the tokens from the root down to `node`, root first."""
         path = []

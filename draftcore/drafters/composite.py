@@ -125,8 +125,7 @@ class CompositeRequest:
             tokens.append(tree.tokens[1:])
             # parents index the concatenation; -1: under the common root
             parents.append(np.where(tree.parents[1:] > 0, tree.parents[1:] - 1 + offset, -1).astype(np.int32))
-            score = tree.scores[1:] if tree.scores is not None else 0.5 ** tree.depths[1:]
-            bins.append(np.clip((score * _BINS).astype(np.int64), 0, _BINS - 1))
+            bins.append(tree.score_bins(_BINS, 1))
             sources.append(np.full(n, i, np.int32))
             offset += n
         self._proposed = None
