@@ -233,6 +233,35 @@ def test_a_close_call_keeps_drafting():
     assert policy.drafting_pays and sum(drafted) >= 0.95 * 2000
 
 
+def test_a_trial_pausing_won_is_confirmed_soon():
+    """Pausing won its first trial (at step 64): the confirming trial comes `trial_every` steps later,
+    not after a backed-off interval, so a drafter that loses takes over for ~70 steps less (with a
+    backed-off confirmation it drafted until step ~196)."""
+    policy = CostAwareBudget()
+    drafted = drive_with_pauses(policy, 200, n_accepted=0, drafting_seconds=0.1)
+    assert all(drafted[:64]) and not policy.drafting_pays
+    assert not any(drafted[140:196]), drafted.index(False, 69)
+
+
+def test_a_size_never_measured_is_guessed_from_the_cost_growth_measured_below_it():
+    """Sizes 1 and 2..4 measured on a steep cost (1 s per node): a bigger size is guessed at least at
+    the largest measured one plus half the measured slope, not from 5 % growth per node."""
+    steep = CostAwareBudget()
+    for n_draft in (0, 1, 2, 3):
+        steep.observe(chain(n_draft, 0.3), np.zeros(1, np.int32), float(n_draft + 1))
+    assert steep.cost(4) == pytest.approx(4.0)                       # measured
+    assert steep.cost(64) == pytest.approx(4.0 + 0.5 * 1.0 * 60)     # floor: half the slope
+    # Where the cost hardly grows (a GPU), the optimistic guess stands: 5 % per node over 1 node.
+    flat = CostAwareBudget()
+    for n_draft in (0, 1, 2, 3):
+        flat.observe(chain(n_draft, 0.3), np.zeros(1, np.int32), 1.0)
+    assert flat.cost(64) == pytest.approx(1.0 * (1.0 + 0.05 * 63))
+    # Only one size measured: no slope yet, the optimistic guess.
+    one = CostAwareBudget()
+    one.observe(chain(0, 0.3), np.zeros(1, np.int32), 1.0)
+    assert one.cost(8) == pytest.approx(1.0 + 0.05 * 7)
+
+
 def test_trial_steps_zero_never_pauses():
     policy = CostAwareBudget(trial_steps=0)
     assert all(drive_with_pauses(policy, 1000, n_accepted=0))
