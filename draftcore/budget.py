@@ -106,7 +106,8 @@ class CostAwareBudget:
     root alone without asking the drafter), each with its tokens per second over its recent steps;
     the better arm runs and the other one is tried every `trial_every` steps, that interval growing by
     `explore_backoff` (up to 16x) while the winner stays the same, except that a trial pausing won
-    is confirmed (or not) by another after `trial_every` steps. A trial of pausing is short (a
+    against at least 2 * `trial_every` drafting steps is confirmed (or not) by another after
+    `trial_every` steps. A trial of pausing is short (a
     paused step always costs the same and emits one token); a trial of drafting lasts `trial_steps`
     steps, since what drafting gains comes in bursts (a repeated span, then nothing). The first trial
     comes after `trial_every` drafting steps, and the first half of those, spent learning sizes and
@@ -264,10 +265,13 @@ class CostAwareBudget:
         self._pause_won_last = pause_wins
         if winner != self._winner:
             self._winner, self._trial_period = winner, self.trial_every
-        elif pause_wins and winner == self._DRAFT:
-            # Pausing won once: confirm it soon. Backing off here let one burst of accepted drafts
-            # just before a confirming trial keep a losing arm for hundreds of steps (llama.cpp on
-            # a CPU, HumanEval: the composite drafted at 0.91x of pausing for a whole dataset).
+        elif pause_wins and self._winner == self._DRAFT and self._arm_steps[self._DRAFT] >= 2 * self.trial_every:
+            # Pausing won once against a drafting record long enough to judge: confirm it soon.
+            # Backing off here let one burst of accepted drafts just before a confirming trial keep
+            # a losing arm for hundreds of steps (llama.cpp on a CPU, HumanEval: the composite
+            # drafted at 0.91x of pausing for a whole dataset). A first trial that drafting loses
+            # while it still learns sizes and acceptance is confirmed only after the backed-off
+            # interval (HF on MT-Bench: confirming it soon paused a trie that pays 1.2x).
             self._trial_period = self.trial_every
         else:
             self._trial_period = min(self._trial_period * self.explore_backoff, 16 * self.trial_every)

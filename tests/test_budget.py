@@ -234,13 +234,23 @@ def test_a_close_call_keeps_drafting():
 
 
 def test_a_trial_pausing_won_is_confirmed_soon():
-    """Pausing won its first trial (at step 64): the confirming trial comes `trial_every` steps later,
-    not after a backed-off interval, so a drafter that loses takes over for ~70 steps less (with a
-    backed-off confirmation it drafted until step ~196)."""
+    """Drafting that paid for its overhead (a close call) stops paying after 1500 steps: once
+    pausing wins a trial against that long a drafting record, the confirming trial comes
+    `trial_every` steps later instead of after the backed-off interval (up to 16 x 64 steps), so
+    pausing takes over sooner (948 drafted steps of the next 2500; backed off: 1572)."""
     policy = CostAwareBudget()
-    drafted = drive_with_pauses(policy, 200, n_accepted=0, drafting_seconds=0.1)
-    assert all(drafted[:64]) and not policy.drafting_pays
-    assert not any(drafted[140:196]), drafted.index(False, 69)
+    drive_with_pauses(policy, 1500, n_accepted=0, drafting_seconds=0.03)
+    assert policy.drafting_pays
+    drafted = drive_with_pauses(policy, 2500, n_accepted=0, drafting_seconds=0.2)
+    assert not policy.drafting_pays and sum(drafted) < 1200, sum(drafted)
+
+
+def test_a_first_trial_lost_while_drafting_still_learns_is_not_confirmed_at_once():
+    """The first trial (step 64) meets a drafting record of 32 steps spent learning sizes: a pause
+    win there is confirmed only after the backed-off interval, as before (switch at step ~196)."""
+    policy = CostAwareBudget()
+    drafted = drive_with_pauses(policy, 260, n_accepted=0, drafting_seconds=0.1)
+    assert all(drafted[70:190]) and not any(drafted[200:260]), (drafted.index(False, 69))
 
 
 def test_a_size_never_measured_is_guessed_from_the_cost_growth_measured_below_it():
