@@ -124,6 +124,7 @@ class CostAwareBudget:
     _PAUSE_MARGIN = 0.05    # pausing must beat drafting by this much, in two trials running: a
                             # burst of accepted drafts missed while paused costs more than a few
                             # percent of drafting overhead, and step times are noisy
+    _SETTLED_TRIALS = 2     # drafting steps, in trial_every's, before a won pause trial is confirmed soon
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
@@ -265,7 +266,8 @@ class CostAwareBudget:
         self._pause_won_last = pause_wins
         if winner != self._winner:
             self._winner, self._trial_period = winner, self.trial_every
-        elif pause_wins and self._winner == self._DRAFT and self._arm_steps[self._DRAFT] >= 2 * self.trial_every:
+        elif pause_wins and self._winner == self._DRAFT and \
+                self._arm_steps[self._DRAFT] >= self._SETTLED_TRIALS * self.trial_every:
             # Pausing won once against a drafting record long enough to judge: confirm it soon.
             # Backing off here let one burst of accepted drafts just before a confirming trial keep
             # a losing arm for hundreds of steps (llama.cpp on a CPU, HumanEval: the composite
