@@ -16,6 +16,8 @@ Each kernel module defines `warm_up()`, which calls every kernel once on tiny in
     draftcore.acceptance                greedy walk, one step of the exact sampling walk
     draftcore.processors                repetition / presence / frequency penalties, top-k, top-p, min-p
     draftcore.drafters.trie_kernels     the trie drafter's node pool, counting and retrieval
+    draftcore.drafters.ngram_kernels    n-gram tables, the Jacobi window and pool, the tree merge
+    draftcore.drafters.composite_kernels  the composite's merge by calibrated priority, its counting
     draftcore.drafters.row_kernels      RowDrafter: a batch's rows matched to requests, a chain each
 """
 from __future__ import annotations

@@ -310,6 +310,144 @@ def test_merge_trees_matches_naive(seed):
         assert len(siblings) == tree.n_draft
 
 
+class FixedTreeRequest:
+    """A source request that proposes a given tree (scores or not) and never learns."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def propose(self, context, budget):
+        return self.tree
+
+    def update(self, tokens):
+        pass
+
+    def finish(self):
+        pass
+
+
+class FixedTreeDrafter:
+    concurrent_requests = True
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def start(self, prompt):
+        return FixedTreeRequest(self.tree)
+
+
+def random_source_tree(rng, root, with_scores):
+    n = int(rng.integers(0, 12))
+    parents = np.r_[-1, [int(rng.integers(0, i)) for i in range(1, n + 1)]].astype(np.int32)
+    tokens = np.r_[root, rng.integers(0, 6, n)].astype(np.int32)
+    # scores on and next to the bin edges k / 20, where float32 and float64 products part
+    edges = (rng.integers(0, 21, n) / 20.0 + rng.choice([0.0, 1e-7, -1e-7], n)).astype(np.float32)
+    scores = np.r_[1.0, np.where(rng.random(n) < 0.5, edges, rng.random(n))].astype(np.float32)
+    return DraftTree.build(tokens, parents, scores=scores if with_scores else None)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_composite_merge_is_the_naive_merge_of_calibrated_priorities(seed):
+    # The composite's one-kernel bookkeeping against the rule written out: each source's nodes
+    # concatenated, a node's priority its source's calibrated rate at the node's score bin
+    # (DraftTree.score_bins, 0.5 ** depth for a tree without scores), merged by naive_merge_trees.
+    rng = np.random.default_rng(seed)
+    root = 2
+    for _ in range(60):
+        trees = [random_source_tree(rng, root, with_scores=bool(rng.random() < 0.8)) for _ in range(2)]
+        drafter = CompositeDrafter(trie=FixedTreeDrafter(trees[0]), ngram=FixedTreeDrafter(trees[1]), jacobi=None)
+        request = drafter.start(np.array([root], np.int32))
+        request.accepted = rng.random(request.offered.shape) * request.offered
+        budget = int(rng.integers(0, 25))
+        merged = request.propose(np.array([1, root], np.int32), budget)
+        drafted = [(i, t) for i, t in enumerate(trees) if len(t) > 1]
+        if not drafted:
+            assert len(merged) == 1
+            continue
+        offset, tokens, parents, source, score_bin = 0, [], [], [], []
+        for i, t in drafted:
+            tokens += t.tokens[1:].tolist()
+            parents += [p - 1 + offset if p > 0 else -1 for p in t.parents[1:]]
+            source += [i] * (len(t) - 1)
+            score_bin += t.score_bins(20, 1).tolist()
+            offset += len(t) - 1
+        calibrated = (request.accepted / request.offered)[source, score_bin].astype(np.float32)
+        want = naive_merge_trees(root, tokens, parents, calibrated, source, budget)
+        assert merged.tokens.tolist() == want[0] and merged.parents.tolist() == want[1]
+        assert merged.depths.tolist() == want[2]
+        assert merged.scores.tolist() == [float(x) for x in want[3]]
+        assert request._sources.tolist() == want[4]
+        got_source, got_bin, got_index = request._proposed
+        assert got_source.tolist() == source and got_bin.tolist() == score_bin and got_index.tolist() == want[5]
+        request.finish()
+
+
+def test_composite_calibration_counts_each_verified_node_once_per_source():
+    prompt = np.array(PATTERN * 3, np.int32)
+    tree = DraftTree.build([PATTERN[-1], PATTERN[0], PATTERN[1], 0], [-1, 0, 1, 0],
+                           scores=np.array([1.0, 0.93, 0.41, 0.66], np.float32))
+    request = CompositeDrafter(trie=FixedTreeDrafter(tree), ngram=FixedTreeDrafter(tree), jacobi=None,
+                               memory=10).start(prompt)
+    proposed = request.propose(prompt, 3)
+    assert proposed.n_draft == 3 and request._sources[1:].tolist() == [0b11, 0b11, 0b11]
+    offered, accepted = request.offered.copy(), request.accepted.copy()
+    request.observe(proposed.with_candidates(2), np.zeros(3, np.int32), np.array([0, 1], np.int32))
+    keep = 0.9
+    want_offered = request._prior_offered + keep * (offered - request._prior_offered)
+    want_accepted = request._prior_accepted + keep * (accepted - request._prior_accepted)
+    for s in (0, 1):   # both sources proposed every node; the policy verified the best two (0.93, 0.66)
+        want_offered[s, 18] += 1   # 0.93
+        want_offered[s, 13] += 1   # 0.66
+        want_accepted[s, 18] += 1  # on the path
+    np.testing.assert_allclose(request.offered, want_offered)
+    np.testing.assert_allclose(request.accepted, want_accepted)
+    request.finish()
+
+
+class WindowDroppingBudget:
+    """A fixed budget that, like the cost-aware one on a CPU, never keeps a lookahead window."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def request_size(self):
+        return self.n
+
+    def choose(self, tree):
+        return min(self.n, tree.n_draft)
+
+    def keep_lookahead(self, tree, n_draft):
+        return False
+
+    def observe(self, tree, path, seconds):
+        pass
+
+
+def test_a_window_the_loop_keeps_dropping_is_offered_only_now_and_then():
+    from draftcore.drafters.composite import _WINDOW_PROBE
+    model = repeating_model(PATTERN)
+    prompt = np.array(PATTERN * 3, np.int32)
+    for budget, kept in ((WindowDroppingBudget(4), False), (4, True)):
+        drafter = CapturingDrafter(CompositeDrafter(token_limit=VOCAB))
+        built = []
+
+        def start(prompt, start=drafter.start):
+            request = start(prompt)
+            with_window = request._jacobi.with_window
+            request._jacobi.with_window = lambda tree: built.append(1) or with_window(tree)
+            return request
+
+        drafter.start = start
+        result = draftcore.speculate(ToyVerifier(model), prompt, max_new_tokens=200, drafter=drafter, budget=budget)
+        assert result.tokens.tolist() == model.greedy(prompt, 200).tolist()
+        proposals = result.stats.steps - 1
+        if kept:   # a window the loop verifies is built for every proposal
+            assert result.stats.lookahead_nodes > 0 and len(built) == proposals
+        else:      # one dropped every step is built at the first proposal and every _WINDOW_PROBE-th after
+            assert result.stats.lookahead_nodes == 0 and proposals > 2 * _WINDOW_PROBE
+            assert len(built) == -(-proposals // _WINDOW_PROBE)
+
+
 def test_merge_trees_shares_prefixes_and_ors_sources():
     # source 0: 5 -> 6 -> 7 ; source 1: 5 -> 6 -> 8 and 4 ; source 2: 5
     tokens = np.array([5, 6, 7, 5, 6, 8, 4, 5], np.int32)

@@ -15,7 +15,9 @@ took the composite's simulated speedup from 1.72x / 1.27x (one rate per source) 
 (HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
 
 The model's token at every verified candidate (`observe`) feeds the n-gram tables, whoever
-proposed the node, and the window's outputs feed the Jacobi pool.
+proposed the node, and the window's outputs feed the Jacobi pool. The window is attached to every
+proposal while the loop verifies it; once the budget drops it (verify is not free: a CPU), only to
+every 16th, so a window that would pay again is noticed without building it every step.
 
     CompositeDrafter()                                   trie + n-gram + Jacobi (window on)
     CompositeDrafter(jacobi=None)                        trie + n-gram
@@ -27,16 +29,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
+from ..jit import kernels
 from ..tree import DraftTree
 from ..validate import positive_float, token_array
 from .jacobi import JacobiDrafter
-from .merge import merge_trees
 from .ngram import NGramDrafter
 from .trie import TrieDrafter
 
 _DEFAULT = object()
+_KERNELS = "draftcore.drafters.composite_kernels"
 _BINS = 20           # score bins of the calibration
 _PRIOR_WEIGHT = 2.0  # nodes' worth of the prior that a score is its node's acceptance rate
+_WINDOW_PROBE = 16   # while the loop keeps dropping the window (a CPU), it is offered every this many steps
 
 
 class CompositeDrafter:
@@ -95,6 +99,8 @@ class CompositeRequest:
         self._keep = 1.0 - 1.0 / drafter.memory
         self._sources = np.zeros(1, np.int32)  # source bits of the last proposal's nodes
         self._proposed = None                  # (source, score bin, index in the tree) of its input nodes
+        self._K = kernels(_KERNELS)
+        self._window_misses = 0                # steps since a verify last carried the window
 
     @property
     def acceptance(self) -> np.ndarray:
@@ -111,35 +117,48 @@ class CompositeRequest:
     def propose(self, context, budget: int) -> DraftTree:
         context = token_array("context", context)
         root = int(context[-1])
-        calibrated = self.accepted / self.offered
-        tokens, parents, sources, bins = [], [], [], []
-        offset = 0
+        trees = {}   # source index -> its tree, for the sources that drafted something
         for i, request in enumerate(self._requests):
-            if request is self._jacobi:
-                tree = request.candidates(root, budget)
-            else:
-                tree = request.propose(context, budget).without_lookahead()
-            n = len(tree) - 1
-            if n == 0:
-                continue
-            tokens.append(tree.tokens[1:])
-            # parents index the concatenation; -1: under the common root
-            parents.append(np.where(tree.parents[1:] > 0, tree.parents[1:] - 1 + offset, -1).astype(np.int32))
-            bins.append(tree.score_bins(_BINS, 1))
-            sources.append(np.full(n, i, np.int32))
-            offset += n
+            tree = request.candidates(root, budget) if request is self._jacobi else request.propose(context, budget)
+            if tree.n_lookahead:
+                tree = tree.without_lookahead()
+            if len(tree) > 1:
+                trees[i] = tree
         self._proposed = None
-        if offset:
-            source, score_bin = np.concatenate(sources), np.concatenate(bins)
-            priority = calibrated[source, score_bin].astype(np.float32)
-            merged, self._sources, index = merge_trees(root, np.concatenate(tokens), np.concatenate(parents),
-                                                       priority, source, budget)
-            self._proposed = (source, score_bin, index)
+        if trees:
+            merged, self._sources, self._proposed = self._merged(root, trees, budget)
         else:
             merged, self._sources = DraftTree.root_only(root), np.zeros(1, np.int32)
-        if self._jacobi is not None and self._drafter.window:
+        # Where verify is not nearly free the budget drops the window every step: building it
+        # anyway cost ~20 us a step (a quarter of the composite's drafting), so a window the loop
+        # dropped is offered again only every _WINDOW_PROBE steps (to notice if it pays again).
+        if self._jacobi is not None and self._drafter.window and self._window_misses % _WINDOW_PROBE == 0:
             merged = self._jacobi.with_window(merged)
         return merged
+
+    def _merged(self, root: int, trees: dict, budget: int):
+        """The sources' candidates as one tree (composite_kernels.merge_sources), the source bits of
+        its nodes, and (source, score bin, index in the tree) of every input node."""
+        drafted = list(trees.values())
+        tokens = np.concatenate([t.tokens[1:] for t in drafted])
+        parents = np.concatenate([t.parents[1:] for t in drafted])
+        # a tree without scores is taken to halve its confidence at each depth (DraftTree.score_bins)
+        scores = np.concatenate([t.scores[1:] if t.scores is not None else
+                                 (0.5 ** t.depths[1:]).astype(np.float32) for t in drafted])
+        lengths = np.array([len(t) - 1 for t in drafted], np.int64)
+        n = tokens.shape[0]
+        size = n + 1
+        out = np.empty((4, size), np.int32)
+        out_sources = np.empty(size, np.int32)
+        source, score_bin, index = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int32)
+        m = self._K.merge_sources(tokens, parents, scores, lengths, np.array(list(trees), np.int32),
+                                  self.accepted / self.offered, budget, source, score_bin, index, out[0], out[1],
+                                  out[2], out[3].view(np.float32), out_sources, np.empty(size, np.int32),
+                                  np.empty(size, np.int32), np.empty(size, np.float32), np.empty(n, np.float32))
+        out[0, 0] = root
+        rows = out[:, :m].copy()
+        tree = DraftTree(rows[0], rows[1], rows[2], rows[3].view(np.float32))
+        return tree, out_sources[:m].copy(), (source, score_bin, index)
 
     def update(self, tokens) -> None:
         for request in self._requests:
@@ -149,14 +168,10 @@ class CompositeRequest:
         m = tree.n_candidates   # the policy may have verified only the best m - 1 candidates
         if self._proposed is not None and 1 < m <= self._sources.shape[0]:
             source, score_bin, index = self._proposed
-            verified = (index > 0) & (index < m)
-            on_path = np.zeros(m, np.float64)
-            on_path[path] = 1.0
-            self.offered = self._prior_offered + self._keep * (self.offered - self._prior_offered)
-            self.accepted = self._prior_accepted + self._keep * (self.accepted - self._prior_accepted)
-            np.add.at(self.offered, (source[verified], score_bin[verified]), 1.0)
-            np.add.at(self.accepted, (source[verified], score_bin[verified]), on_path[index[verified]])
+            self._K.count_verified(self.offered, self.accepted, self._prior_offered, self._prior_accepted,
+                                   self._keep, source, score_bin, index, m, path)
         self._proposed = None
+        self._window_misses = 0 if tree.n_lookahead else self._window_misses + 1
         for observe in self._observers:
             observe(tree, node_tokens, path)
 
