@@ -144,7 +144,7 @@ class CompositeRequest:
         parents = np.concatenate([t.parents[1:] for t in drafted])
         # a tree without scores is taken to halve its confidence at each depth (DraftTree.score_bins)
         scores = np.concatenate([t.scores[1:] if t.scores is not None else
-                                 (0.5 ** t.depths[1:]).astype(np.float32) for t in drafted])
+                                 0.5 ** t.depths[1:] for t in drafted]).astype(np.float32, copy=False)
         lengths = np.array([len(t) - 1 for t in drafted], np.int64)
         n = tokens.shape[0]
         size = n + 1
