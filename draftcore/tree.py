@@ -154,7 +154,7 @@ class DraftTree:
         acceptance; a tree without scores is taken to halve its confidence at each depth."""
         scores = (self.scores[first:stop] if self.scores is not None
                   else 0.5 ** self.depths[first:stop].astype(np.float64))
-        return np.clip((scores * n_bins).astype(np.int64), 0, n_bins - 1)
+        return score_bins_of(scores, n_bins)
 
     def path_tokens(self, node: int) -> np.ndarray:
         """int32[depth + 1]: the tokens from the root down to `node`, root first."""
@@ -167,6 +167,12 @@ class DraftTree:
     def __repr__(self) -> str:
         roles = f", n_lookahead={self.n_lookahead}" if self.n_lookahead else ""
         return f"DraftTree(n={len(self)}, tokens={self.tokens.tolist()}, parents={self.parents.tolist()}{roles})"
+
+
+def score_bins_of(scores: np.ndarray, n_bins: int) -> np.ndarray:
+    """int64 bin (0 .. n_bins - 1) of each score: the rule `DraftTree.score_bins` applies, for
+    scores gathered from several trees (the composite drafter)."""
+    return np.clip((scores * n_bins).astype(np.int64), 0, n_bins - 1)
 
 
 def _int32_vector(name, value) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..jit import kernels
-from ..tree import DraftTree
+from ..tree import DraftTree, score_bins_of
 from ..validate import positive_float, token_array
 from .jacobi import JacobiDrafter
 from .ngram import NGramDrafter
@@ -145,14 +145,15 @@ class CompositeRequest:
         # a tree without scores is taken to halve its confidence at each depth (DraftTree.score_bins)
         scores = np.concatenate([t.scores[1:] if t.scores is not None else
                                  0.5 ** t.depths[1:] for t in drafted]).astype(np.float32, copy=False)
+        score_bin = score_bins_of(scores, _BINS)
         lengths = np.array([len(t) - 1 for t in drafted], np.int64)
         n = tokens.shape[0]
         size = n + 1
         out = np.empty((4, size), np.int32)
         out_sources = np.empty(size, np.int32)
-        source, score_bin, index = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int32)
-        m = self._K.merge_sources(tokens, parents, scores, lengths, np.array(list(trees), np.int32),
-                                  self.accepted / self.offered, budget, source, score_bin, index, out[0], out[1],
+        source, index = np.empty(n, np.int32), np.empty(n, np.int32)
+        m = self._K.merge_sources(tokens, parents, score_bin, lengths, np.array(list(trees), np.int32),
+                                  self.accepted / self.offered, budget, source, index, out[0], out[1],
                                   out[2], out[3].view(np.float32), out_sources, np.empty(size, np.int32),
                                   np.empty(size, np.int32), np.empty(size, np.float32), np.empty(n, np.float32))
         out[0, 0] = root

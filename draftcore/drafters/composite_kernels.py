@@ -1,5 +1,5 @@
 """The composite drafter's per-step bookkeeping in two numba calls: its sources' trees merged by
-calibrated priority (`merge_sources`), and the calibration counted from what the model accepted
+calibrated priority (`merge_sources`; the score bins come from `tree.score_bins_of`, the one rule), and the calibration counted from what the model accepted
 (`count_verified`). In numpy these were ~15 small array operations a step, ~45 us of a composite
 step's ~80 us of drafting on the recorded traces (the trie alone drafts in ~22 us)."""
 from __future__ import annotations
@@ -11,16 +11,15 @@ from .ngram_kernels import merge
 
 
 @nb.njit(cache=True)
-def merge_sources(tokens, parents, scores, lengths, source_ids, calibrated, budget, source, score_bin, index,
+def merge_sources(tokens, parents, score_bin, lengths, source_ids, calibrated, budget, source, index,
                   out_tokens, out_parents, out_depths, out_scores, out_sources, first_child, next_sibling,
                   order_key, priority):
     """Merge trees, concatenated without their roots (tree t: `lengths[t]` nodes from source
     `source_ids[t]`, `parents` as the tree numbers its nodes, 0 for its root), into one tree of at
-    most `budget` candidates (ngram_kernels.merge). A node's priority is `calibrated[its source, its score bin]`,
-    its bin DraftTree.score_bins' (the float32 product s * n_bins truncated, clipped to the bins).
-    Fills source, score_bin (each input node's) and index (its index in the result, -1 where cut);
-    out_*[0] is the root, its token set by the caller. Returns the node count, root included."""
-    n_bins = calibrated.shape[1]
+    most `budget` candidates (ngram_kernels.merge). A node's priority is `calibrated[its source,
+    score_bin[node]]`. Fills source (each input node's) and index (its index in the result, -1
+    where cut); out_*[0] is the root, its token set by the caller. Returns the node count, root
+    included."""
     offset = 0
     for t in range(lengths.shape[0]):
         s = source_ids[t]
@@ -28,11 +27,8 @@ def merge_sources(tokens, parents, scores, lengths, source_ids, calibrated, budg
             i = offset + k
             p = parents[i]
             parents[i] = p - 1 + offset if p > 0 else -1   # index the concatenation; -1 under the root
-            b = int(scores[i] * np.float32(n_bins))   # float32, as numpy multiplies in score_bins
-            b = 0 if b < 0 else n_bins - 1 if b > n_bins - 1 else b
             source[i] = s
-            score_bin[i] = b
-            priority[i] = calibrated[s, b]
+            priority[i] = calibrated[s, score_bin[i]]
         offset += lengths[t]
     return merge(tokens, parents, priority, source, offset, budget, out_tokens, out_parents, out_depths,
                  out_scores, out_sources, first_child, next_sibling, index, order_key)
@@ -59,15 +55,16 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) both kernels once with the types the composite passes."""
     tokens = np.array([5, 6, 5, 7], np.int32)
     parents = np.array([0, 1, 0, 1], np.int32)
-    scores = np.array([0.9, 0.5, 0.8, 0.2], np.float32)
+    score_bin = np.array([18, 10, 16, 4], np.int64)
     lengths = np.array([2, 2], np.int64)
     calibrated = np.full((2, 20), 0.5)
     n, size = tokens.shape[0], tokens.shape[0] + 1
-    source, score_bin, index = np.zeros(n, np.int32), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    source, index = np.zeros(n, np.int32), np.zeros(n, np.int32)
     out = np.zeros((4, size), np.int32)
-    m = merge_sources(tokens, parents, scores, lengths, np.array([1, 0], np.int32), calibrated, 3, source, score_bin, index, out[0], out[1],
-                      out[2], out[3].view(np.float32), np.zeros(size, np.int32), np.zeros(size, np.int32),
-                      np.zeros(size, np.int32), np.zeros(size, np.float32), np.zeros(n, np.float32))
+    m = merge_sources(tokens, parents, score_bin, lengths, np.array([1, 0], np.int32), calibrated, 3, source, index,
+                      out[0], out[1], out[2], out[3].view(np.float32), np.zeros(size, np.int32),
+                      np.zeros(size, np.int32), np.zeros(size, np.int32), np.zeros(size, np.float32),
+                      np.zeros(n, np.float32))
     counts = np.ones((2, 20))
     count_verified(counts, counts.copy(), counts.copy(), counts.copy(), 0.99, source, score_bin, index, m,
                    np.array([0, 1], np.int32))
