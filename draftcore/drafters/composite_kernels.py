@@ -1,7 +1,8 @@
 """The composite drafter's per-step bookkeeping in two numba calls: its sources' trees merged by
 calibrated priority (`merge_sources`; the score bins come from `tree.score_bins_of`, the one
-rule), and the calibration counted from what the model accepted (`count_verified`). In numpy these were ~15 small array operations a step, ~45 us of a composite
-step's ~80 us of drafting on the recorded traces (the trie alone drafts in ~22 us)."""
+rule), and the calibration counted from what the model accepted (`count_verified`). In numpy
+these were ~15 small array operations a step, ~45 us of a composite step's ~80 us of drafting on
+the recorded traces (the trie alone drafts in ~22 us)."""
 from __future__ import annotations
 
 import numba as nb
