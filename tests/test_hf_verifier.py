@@ -101,11 +101,15 @@ def tiny_models():
     return {attn: tiny_llama(seed=0, attn_implementation=attn) for attn in ATTENTIONS}
 
 
-@pytest.fixture(scope="module", params=[0, 64], ids=["linear", "weight-major"])
+@pytest.fixture(scope="module", params=[(0, False), (64, False), (0, True)],
+                ids=["linear", "weight-major", "packed"])
 def verifiers(tiny_models, request):
-    """Every tree test runs twice: the decoder's Linear layers as torch runs them, and all of them
-    as `W @ x.T` inside WeightMajorLinear (weight_major.py; on the tiny models timing would pick 0)."""
-    return {attn: HFVerifier(model, weight_major_rows=request.param) for attn, model in tiny_models.items()}
+    """Every tree test runs three times: the decoder's Linear layers as torch runs them, all of them
+    as `W @ x.T` inside WeightMajorLinear (weight_major.py), and all of them (the head too) through
+    oneDNN on packed weights (packed_linear.py); on the tiny models timing would pick by chance."""
+    rows, packed = request.param
+    return {attn: HFVerifier(model, weight_major_rows=rows, packed_linear=packed)
+            for attn, model in tiny_models.items()}
 
 
 # ------------------------------------------------------------------ tree forwards
@@ -305,7 +309,67 @@ def _copy_into(cls, seed=0):
 
 def test_split_head_is_used_on_cpu_for_a_plain_linear_head(verifiers):
     assert all(v.split_head for v in verifiers.values())  # so the tree tests above exercise it
-    assert len({v.weight_major_rows for v in verifiers.values()}) == 1
+    assert len({(v.weight_major_rows, v.packed_linear) for v in verifiers.values()}) == 1
+
+
+def test_packed_linear_equals_f_linear_repacks_changed_weights_and_passes_the_rest_through():
+    """Inside the mode, F.linear of a packed weight (1, 2 and 7 rows, 2-D and 3-D, with and without
+    bias) equals torch's own; a weight changed in place is packed again (never a stale copy); a
+    replaced weight, another dtype and an unpacked weight are left to torch."""
+    from draftcore.adapters.torch_hf.packed_linear import PackedLinears
+
+    gen = torch.Generator().manual_seed(0)
+    linear, other = torch.nn.Linear(16, 48), torch.nn.Linear(16, 8)
+    packed = PackedLinears([linear])
+    assert len(packed) == 1 and packed.nbytes == 48 * 16 * 4
+    f = torch.nn.functional.linear
+    with torch.inference_mode():
+        for shape in [(1, 16), (2, 16), (1, 7, 16), (3, 1, 16)]:
+            x = torch.randn(*shape, generator=gen)
+            for b in (None, linear.bias):
+                want = f(x, linear.weight, b)
+                with packed.mode():
+                    got = f(x, linear.weight, b)
+                assert packed.linear(x, linear.weight, b) is not None   # the packed path ran
+                assert got.shape == want.shape and got.view(*shape[:-1], 6, 8).shape[-2:] == (6, 8)
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    x = torch.randn(5, 16, generator=gen)
+    with torch.no_grad():
+        linear.weight.mul_(-3.0)   # in place: the version counter moves
+    with torch.inference_mode(), packed.mode():
+        torch.testing.assert_close(f(x, linear.weight, linear.bias), x @ linear.weight.T + linear.bias,
+                                   atol=1e-5, rtol=1e-5)
+        assert packed.linear(x, other.weight) is None and packed.linear(x.double(), linear.weight) is None
+        torch.testing.assert_close(f(x, other.weight), x @ other.weight.T, atol=1e-6, rtol=1e-6)
+        replaced = torch.nn.Parameter(torch.randn(48, 16, generator=gen))
+        assert packed.linear(x, replaced) is None
+        with pytest.raises(RuntimeError):   # what torch says outside the mode too
+            f(x.double(), linear.weight)
+
+
+def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
+    """True packs (or is a ConfigError naming why it cannot); None measures; a model whose logits
+    change under the mode, a forward that is more than decoder + head, and a float64 model are not
+    packed by default and refused when True; a bad value is a ConfigError."""
+    model = tiny_models["sdpa"]
+    first, second = HFVerifier(model, packed_linear=True), HFVerifier(model, packed_linear=True)
+    assert first.packed_linear and first.weight_major_rows == 0   # packing replaces weight-major
+    assert first._split_head.packed is second._split_head.packed   # one copy of the weights per model
+    assert not HFVerifier(model, packed_linear=False).packed_linear
+    assert isinstance(HFVerifier(model).packed_linear, bool)
+    sensitive = _copy_into(LinearSensitiveLlama)
+    assert not HFVerifier(sensitive, weight_major_rows=0).packed_linear
+    with pytest.raises(ConfigError, match="packed_linear: True, but the model's logits through oneDNN differ"):
+        HFVerifier(sensitive, packed_linear=True)
+    with pytest.raises(ConfigError, match="packed_linear: True, but the model's forward is more than"):
+        HFVerifier(_copy_into(ScaledLogitsLlama), packed_linear=True)
+    double = tiny_llama(seed=0).double()
+    assert not HFVerifier(double).packed_linear
+    with pytest.raises(ConfigError, match="no float32 CPU Linear layers"):
+        HFVerifier(double, packed_linear=True)
+    for bad in (1, "yes", 0.5):
+        with pytest.raises(ConfigError, match="packed_linear"):
+            HFVerifier(model, packed_linear=bad)
 
 
 def test_weight_major_linear_equals_f_linear_or_passes_through():

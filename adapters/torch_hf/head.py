@@ -14,7 +14,10 @@ computes two identical rows where the machine's 2-row GEMM beats its GEMV (timed
 construction: 3.5-5.8 ms vs 10.4 here; on other CPUs GEMV may win). A tree of 4-8 nodes costs ~12%
 less to verify, a one-node step ~10% less.
 
-Trees of up to `SplitHead.weight_major_rows` nodes also run the decoder's Linear layers as
+Where oneDNN can take them (packed_linear.py: float32, a torch build with oneDNN, the copies fit in
+memory, the logits match and it measures faster at construction), the decoder's and the head's
+Linear layers run instead through oneDNN on weights packed once: 2x faster again for 8-16 rows.
+Otherwise trees of up to `SplitHead.weight_major_rows` nodes run the decoder's Linear layers as
 `W @ x.T` (weight_major.py), where that measured faster at construction.
 
 Only the model's public modules are called; nothing is patched. Whether decoder + head equals the
@@ -26,14 +29,17 @@ the mask — which the tree self-check then refuses — or does anything else be
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 import torch
 
+from draftcore.errors import ConfigError
 from draftcore.selfcheck import relative_error
 from draftcore.tree import DraftTree
 
 from .masks import tree_forward_inputs
+from . import packed_linear
 from .timing import interleaved_medians
 from .weight_major import WeightMajorLinear, faster_rows, weight_major_product
 
@@ -44,44 +50,63 @@ class SplitHead:
     pad_single_row: compute a one-row projection as two identical rows (a GEMM, not a GEMV).
     weight_major_rows: forwards of up to this many tokens run the decoder inside
         `WeightMajorLinear` (weight_major.py: its Linear layers as `W @ x.T` too); 0 never.
+    packed: a `packed_linear.PackedLinears` of the decoder and head: every forward runs their
+        Linear layers through oneDNN on the packed weights (weight_major_rows is then unused).
     """
 
-    def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False, weight_major_rows: int = 0):
+    def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False, weight_major_rows: int = 0,
+                 packed: "packed_linear.PackedLinears | None" = None):
         self._decoder = decoder
         self._head = head
         self.pad_single_row = pad_single_row
         self.weight_major_rows = weight_major_rows
+        self.packed = packed
 
     def __call__(self, **forward_kwargs) -> torch.Tensor:
         """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's."""
-        weight_major = forward_kwargs["input_ids"].shape[-1] <= self.weight_major_rows
-        with WeightMajorLinear() if weight_major else nullcontext():
-            hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
+        if self.packed is not None:
+            with self.packed.mode():
+                hidden = self._decoder(**forward_kwargs).last_hidden_state[0]
+            logits = self.packed.linear(hidden, self._head.weight, self._head.bias)
+            if logits is not None:
+                return logits
+        else:
+            weight_major = forward_kwargs["input_ids"].shape[-1] <= self.weight_major_rows
+            with WeightMajorLinear() if weight_major else nullcontext():
+                hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
         # a strided [n, vocab] view: fine for argmax and for .numpy()
         return weight_major_product(hidden, self._head.weight, self._head.bias, self.pad_single_row)
 
 
 def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_size: int, tolerance: float,
-                       weight_major_rows: int | None = None):
+                       weight_major_rows: int | None = None, packed: bool | None = None):
     """A SplitHead when it applies (CPU, a decoder and a plain Linear head) and reproduces the
     model's own logits on a small tree within `tolerance` (relative to the largest logit); None
     otherwise, and the verifier then calls the model's forward as it is.
 
     weight_major_rows: the SplitHead's (None: measured, `weight_major.faster_rows`); 0 as well when
-    the decoder inside `WeightMajorLinear` does not reproduce the model's logits."""
+    the decoder inside `WeightMajorLinear` does not reproduce the model's logits.
+    packed: run the Linear layers through oneDNN on packed weights (packed_linear.py): True
+    (ConfigError where it cannot), False (never), None (where oneDNN has the weights' dtype, their
+    copies fit in memory, the logits match and it measures faster than torch's own Linear)."""
+    def unsplit(why: str):
+        if packed:
+            raise ConfigError(f"packed_linear: True, but {why}; pass packed_linear=None or False")
+        return None
+
     if device.type != "cpu":
-        return None  # GPU GEMMs read the weight in place already: nothing to gain
+        return unsplit(f"the model is on {device.type}")  # GPU GEMMs read the weight in place already
     decoder = decoder_of(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is None or type(head) is not torch.nn.Linear:
-        return None
+        return unsplit("the model has no decoder and plain Linear head to call one after the other")
     tree = DraftTree.build(np.random.default_rng(0).integers(0, vocab_size, 5), [-1, 0, 1, 0, 3])
     forward = dict(tree_forward_inputs(tree, 0, dtype, device), use_cache=False)
     try:
         with torch.inference_mode():
             want = model(**forward).logits[0].float().cpu().numpy()
     except Exception:  # left to the verifier's own calls, which report it
-        return None
+        return unsplit("the model's forward failed on a tree")
 
     def reproduces(split: SplitHead) -> bool:
         try:
@@ -92,12 +117,55 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
         return got.shape == want.shape and relative_error(got, want) <= tolerance
 
     if not reproduces(SplitHead(decoder, head)):
-        return None
+        return unsplit("the model's forward is more than its decoder and head")
+    pad_single_row = two_rows_beat_one(head.weight)
+    linears = _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weight_major_rows, unsplit)
+    if linears is not None:
+        return SplitHead(decoder, head, pad_single_row, 0, linears)
     if weight_major_rows != 0 and not reproduces(SplitHead(decoder, head, weight_major_rows=len(tree))):
         weight_major_rows = 0
     if weight_major_rows is None:
         weight_major_rows = faster_rows(decoder, vocab_size, device)
-    return SplitHead(decoder, head, two_rows_beat_one(head.weight), weight_major_rows)
+    return SplitHead(decoder, head, pad_single_row, weight_major_rows)
+
+
+def _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weight_major_rows, refuse):
+    """The PackedLinears to use (module docstring of packed_linear.py), or None; `refuse(why)` is
+    called where packing was asked for (True) and cannot be done."""
+    if packed is False:
+        return None
+    why = None
+    if not packed_linear.available():
+        why = "this torch build has no oneDNN Linear operators"
+    elif not packed_linear.linear_bytes(decoder, head):
+        why = "the model has no float32 CPU Linear layers"
+    elif packed is None and not packed_linear.fits_in_memory(packed_linear.linear_bytes(decoder, head)):
+        return None   # a second copy of the weights would crowd the machine
+    if why is None:
+        linears = packed_linear.shared(decoder, head)
+        if not reproduces(SplitHead(decoder, head, packed=linears)):
+            why = "the model's logits through oneDNN differ from its own forward"
+    if why is not None:
+        return refuse(why)
+    if packed is None and not _packed_is_faster(decoder, head, linears, vocab_size, device, weight_major_rows):
+        return None
+    return linears
+
+
+def _packed_is_faster(decoder, head, linears, vocab_size, device, weight_major_rows, sizes=(1, 8),
+                      margin: float = 0.9) -> bool:
+    """Whether the decoder and head through the packed weights take at most `margin` of the time
+    of the faster of torch's Linear and `W @ x.T` (where allowed) at every size in `sizes`."""
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, vocab_size, max(sizes))).to(device)[None]
+    modes = ["torch", "packed"] + (["weight-major"] if weight_major_rows != 0 else [])
+    splits = {"torch": SplitHead(decoder, head), "packed": SplitHead(decoder, head, packed=linears),
+              "weight-major": SplitHead(decoder, head, weight_major_rows=max(sizes))}
+
+    def forward(n, mode):
+        splits[mode](input_ids=ids[:, :n], use_cache=False)
+
+    seconds = interleaved_medians({(n, mode): partial(forward, n, mode) for n in sizes for mode in modes})
+    return all(seconds[n, "packed"] <= margin * min(seconds[n, m] for m in modes if m != "packed") for n in sizes)
 
 
 def decoder_of(model):

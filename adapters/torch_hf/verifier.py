@@ -11,13 +11,14 @@ One tree forward::
 then `commit(path)` keeps the context plus the path's KV (a slice when the path is the first k nodes,
 a gather of the tail otherwise) and drops the rest of the tree.
 
-The model is not patched, wrapped or copied: only its public forward is called, with a 4-D mask,
-explicit positions and a cache owned here. On CPU, verify calls the model's own decoder and output
-Linear in two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few
-rows), when a check at construction shows the two give the forward's logits; small trees also run
-the decoder's Linear layers that way (weight_major.py). A model that ignores the 4-D mask would
-silently give wrong logits, so the constructor checks it on a small branching tree against its own
-one-token-per-forward decoding (draftcore.selfcheck; tolerances and advice in selfcheck.py).
+The model is not patched or wrapped: only its public forward is called, with a 4-D mask, explicit
+positions and a cache owned here. On CPU, verify calls the model's own decoder and output Linear in
+two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few rows), when a
+check at construction shows the two give the forward's logits. Inside that forward the Linear layers
+run through oneDNN on copies of their weights packed once at construction (packed_linear.py), where
+that measures faster, or else small trees run them as `W @ x.T` too (weight_major.py). A model that
+ignores the 4-D mask would silently give wrong logits, so the constructor checks it on a small
+branching tree against its own one-token-per-forward decoding (draftcore.selfcheck; tolerances and advice in selfcheck.py).
 """
 from __future__ import annotations
 
@@ -55,10 +56,16 @@ class HFVerifier:
     weight_major_rows: CPU only: trees of up to this many nodes run the decoder's Linear layers as
         `W @ x.T` (weight_major.py); None (default) picks the largest size where that is faster on
         this machine by timing the decoder at construction (~2 s for a 135M model); 0 turns it off.
+    packed_linear: CPU float32 only: run the decoder's and head's Linear layers through oneDNN on
+        copies of their weights packed once (packed_linear.py: SmolLM2-135M, 8 nodes 55 -> 28 ms a
+        verify; the copies cost the weights' memory again). None (default): where the copies take
+        at most a quarter of the free memory and it measures faster at construction; True: always
+        (ConfigError where it cannot); False: never. Weights changed through `.data` afterwards are
+        not seen by the copies: build a new verifier then.
     """
 
     def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None,
-                 weight_major_rows: int | None = None):
+                 weight_major_rows: int | None = None, packed_linear: bool | None = None):
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ConfigError(f"model: expected a transformers causal LM (with .config), got {describe(model)}")
@@ -81,6 +88,8 @@ class HFVerifier:
         self._max_context = _max_context(text_config, max_context)
         if weight_major_rows is not None:
             weight_major_rows = positive_int("weight_major_rows", weight_major_rows, minimum=0)
+        if packed_linear is not None and not isinstance(packed_linear, bool):
+            raise ConfigError(f"packed_linear: expected None, True or False, got {describe(packed_linear)}")
         # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
@@ -91,7 +100,7 @@ class HFVerifier:
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
-                                              tolerance(self._dtype), weight_major_rows)
+                                              tolerance(self._dtype), weight_major_rows, packed_linear)
         if self_check:
             check_tree_attention(self)
 
@@ -133,6 +142,12 @@ class HFVerifier:
         """Trees of up to this many nodes run the decoder's Linear layers as `W @ x.T` (CPU;
         weight_major.py); 0 when never."""
         return 0 if self._split_head is None else self._split_head.weight_major_rows
+
+    @property
+    def packed_linear(self) -> bool:
+        """True when verify runs the Linear layers through oneDNN on packed weights (CPU;
+        packed_linear.py)."""
+        return self._split_head is not None and self._split_head.packed is not None
 
     @property
     def device(self) -> torch.device:
@@ -284,7 +299,8 @@ class HFVerifier:
 
     def __repr__(self) -> str:
         return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
-                f"n_past={self._n_past}, max_context={self._max_context}, split_head={self.split_head}, weight_major_rows={self.weight_major_rows})")
+                f"n_past={self._n_past}, max_context={self._max_context}, split_head={self.split_head}, "
+                f"packed_linear={self.packed_linear}, weight_major_rows={self.weight_major_rows})")
 
 
 def _max_context(text_config, max_context) -> int:

@@ -62,9 +62,11 @@ class VerifierPool:
             first = self._first
         try:
             # The model was checked (tree attention, split head) and timed by the first verifier:
-            # the next ones reuse its findings instead of repeating a ~2 s check per verifier.
+            # the next ones reuse its findings instead of repeating a ~2 s check per verifier
+            # (and its packed weights: packed_linear.shared).
             verifier = (HFVerifier(self.model) if first is None else
-                        HFVerifier(self.model, self_check=False, weight_major_rows=first.weight_major_rows))
+                        HFVerifier(self.model, self_check=False, weight_major_rows=first.weight_major_rows,
+                                   packed_linear=first.packed_linear))
         except BaseException:
             with self._lock:
                 self._built -= 1
