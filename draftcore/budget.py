@@ -80,9 +80,9 @@ class CostAwareBudget:
     Measured by replaying the recorded SmolLM2 traces (HumanEval then MT-Bench in one session, and
     the reverse) on the synthetic clock of each cost table (benchmarks/budget_sim.py): backoff 2 and
     memory 6000 against none (backoff 1, memory None) give, simulated speedup over plain decoding,
-    HF CPU 1.80x / 1.37x and 1.40x / 1.85x (none: 1.78x / 1.37x and 1.40x / 1.84x), llama.cpp CPU
-    1.03x / 1.03x and 1.00x / 1.09x (none: 1.02x / 1.00x and 0.99x / 1.05x); a flat GPU cost is
-    unchanged (2.86x / 1.83x).
+    HF CPU (the `hf-cpu-unpacked` table) 1.80x / 1.37x and 1.40x / 1.85x (none: 1.78x / 1.37x and
+    1.40x / 1.84x), llama.cpp CPU 1.03x / 1.03x and 1.00x / 1.09x (none: 1.02x / 1.00x and
+    0.99x / 1.05x); a flat GPU cost is unchanged (2.86x / 1.83x).
 
         parameter        default  meaning
         max_nodes        64       most drafted candidates ever verified

@@ -133,7 +133,7 @@ def test_replay_without_a_cost_model_reports_no_speedup():
 
 
 def test_cost_model_interpolates_extrapolates_and_parses_tables():
-    hf = CostModel.named("hf-cpu")
+    hf = CostModel.named("hf-cpu-unpacked")
     assert hf.seconds(1) == pytest.approx(0.046)
     assert hf.seconds(5) == pytest.approx((0.0551 + 0.0725) / 2)
     assert hf.seconds(48) == pytest.approx(0.1327 + 16 * (0.1327 - 0.099) / 16)  # past the table: its last slope

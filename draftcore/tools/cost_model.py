@@ -8,7 +8,9 @@ the same choices every time.
 
 Built-in tables, milliseconds per forward by nodes in it (the root included):
 
-    hf-cpu        HFVerifier, SmolLM2-135M fp32, transformers, this project's 2-core CPU
+    hf-cpu        HFVerifier, SmolLM2-135M fp32, transformers, this project's 2-core CPU (its
+                  Linear layers through oneDNN on packed weights, benchmarks/hf_verify_cost.py)
+    hf-cpu-unpacked  the same with packed_linear=False (the table of every replay before it)
     llamacpp-cpu  LlamaCppVerifier, SmolLM2-135M Q4_1, llama.cpp, the same CPU
     gpu-flat      a GPU, where a verify of 64 nodes costs about what one does
 
@@ -22,7 +24,8 @@ import numpy as np
 from ..errors import ConfigError
 
 COST_TABLES: dict[str, dict[int, float]] = {
-    "hf-cpu": {1: 46.0, 2: 43.9, 3: 57.4, 4: 55.1, 6: 72.5, 8: 77.7, 16: 99.0, 32: 132.7},
+    "hf-cpu": {1: 20.8, 2: 23.4, 4: 25.0, 8: 29.3, 16: 34.9, 32: 49.2, 64: 77.6},
+    "hf-cpu-unpacked": {1: 46.0, 2: 43.9, 3: 57.4, 4: 55.1, 6: 72.5, 8: 77.7, 16: 99.0, 32: 132.7},
     "llamacpp-cpu": {1: 7.2, 2: 12.2, 4: 16.2, 8: 25.3, 11: 31.9, 16: 45, 32: 85, 64: 165},
     "gpu-flat": {1: 10, 64: 11, 128: 13},
 }
