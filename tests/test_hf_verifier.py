@@ -372,6 +372,21 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
             HFVerifier(model, packed_linear=bad)
 
 
+def test_packed_linear_by_default_only_where_the_copies_fit_in_memory(tiny_models, monkeypatch):
+    """The default never packs weights that would take more than a quarter of the available memory
+    (measured faster or not); True packs regardless."""
+    from draftcore.adapters.torch_hf import head, packed_linear
+
+    model = tiny_models["sdpa"]
+    nbytes = packed_linear.linear_bytes(model.get_decoder(), model.get_output_embeddings())
+    assert 0 < nbytes and packed_linear.fits_in_memory(nbytes) and not packed_linear.fits_in_memory(2 ** 62)
+    monkeypatch.setattr(packed_linear, "_available_memory", lambda: 4 * nbytes - 1)
+    assert not packed_linear.fits_in_memory(nbytes)
+    monkeypatch.setattr(head, "_packed_is_faster", lambda *a, **k: True)   # memory alone decides
+    assert not HFVerifier(model).packed_linear
+    assert HFVerifier(model, packed_linear=True).packed_linear
+
+
 def test_weight_major_linear_equals_f_linear_or_passes_through():
     """Inside the mode, CPU F.linear of 1, 2 and 7 rows (with and without bias, 2-D and 3-D input)
     equals torch's own; a dtype mismatch is left to torch, which raises as it would outside."""

@@ -120,12 +120,25 @@ def shared(decoder, head) -> PackedLinears:
 
 
 def fits_in_memory(nbytes: int) -> bool:
-    """Whether `nbytes` more is at most a quarter of the memory free now (True where unknown)."""
+    """Whether `nbytes` more is at most a quarter of the memory available now (True where unknown)."""
+    available = _available_memory()
+    return available is None or nbytes <= _MEMORY_SHARE * available
+
+
+def _available_memory() -> int | None:
+    """Linux's MemAvailable (free memory plus the page cache it can drop: a model file just read
+    fills that cache), else free pages by sysconf, else None."""
     try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
-        return True
-    return nbytes <= _MEMORY_SHARE * free
+        return None
 
 
 def linear_bytes(*modules) -> int:
