@@ -14,6 +14,10 @@ A budget policy has three methods, called by `speculate` once per step:
 and optionally
     keep_lookahead(tree, k) -> bool  whether the tree's lookahead window rides along with its first
                                    k candidates (default: always, as FixedBudget does)
+    wants_lookahead() -> bool      asked before proposing, of a drafter that can leave its window
+                                   out (`DraftRequest.lookahead_optional`): whether to build one this
+                                   step at all (default: always). `LookaheadProbe` answers it from
+                                   what keep_lookahead last decided.
 
 `FixedBudget` verifies the drafter's best n nodes every step. `CostAwareBudget` measures the
 verifier's cost per tree size while it runs and picks the size that maximises expected tokens per
@@ -44,6 +48,36 @@ class FixedBudget:
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         pass
+
+
+class LookaheadProbe:
+    """Whether a drafter should build its lookahead window this step, from what the policy last
+    decided about one: every step while windows are kept (or none was offered yet); once one is
+    dropped, only every `every`-th step, so a window that would pay again is noticed without
+    building one every step only to drop it (on a CPU a Jacobi window cost ~20 us a step there).
+
+        probe = LookaheadProbe()
+        probe.wants()          # before proposing: build a window?
+        probe.decided(kept)    # the policy's keep_lookahead verdict on one; returns `kept`
+    """
+
+    def __init__(self, every: int = 16):
+        self.every = positive_int("every", every)
+        self._kept: bool | None = None   # the last verdict; None: no window judged yet
+        self._since = 0                   # proposals without a window since the last one offered
+
+    def wants(self) -> bool:
+        if self._kept is not False:
+            return True
+        self._since += 1
+        if self._since >= self.every:
+            self._since = 0
+            return True
+        return False
+
+    def decided(self, kept: bool) -> bool:
+        self._kept, self._since = bool(kept), 0
+        return bool(kept)
 
 
 class CostAwareBudget:
@@ -96,6 +130,8 @@ class CostAwareBudget:
                                   measured is tried). Window nodes are never accepted: what they buy
                                   is future candidates (a Jacobi pool), worth a small price where
                                   verify is nearly free (a GPU) and not a doubled step (a CPU).
+                                  Once one is dropped, a drafter that can leave its window out is
+                                  asked for one only every 16th step (`LookaheadProbe`).
         trial_every      64       steps between trials of the arm not in use: drafting or pausing
         trial_steps      16       steps a trial of drafting lasts (a trial of pausing: 4; 0: never pause)
 
@@ -166,6 +202,7 @@ class CostAwareBudget:
         self._probability = (self._accepted / self._offered).ravel()
         self._estimates: dict[int, np.ndarray] = {}
         self._rank_bucket = _rank_buckets(self.max_nodes + 2, self._RANKS)
+        self._lookahead = LookaheadProbe()
 
     # -- the policy ---------------------------------------------------------------------------
     def request_size(self) -> int:
@@ -218,7 +255,12 @@ class CostAwareBudget:
         nodes = np.array([n_draft + 1])
         with_window = float(self.cost(nodes, tree.n_lookahead)[0])
         without = float(self.cost(nodes, 0)[0])
-        return with_window <= (1.0 + self.window_cost) * without
+        return self._lookahead.decided(with_window <= (1.0 + self.window_cost) * without)
+
+    def wants_lookahead(self) -> bool:
+        """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
+        kept; once one is dropped, every 16th step)."""
+        return self._lookahead.wants()
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         self._step += 1

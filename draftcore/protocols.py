@@ -13,6 +13,9 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
     DraftRequest.observe(tree, node_tokens, path)  feedback from every verify (below)
     DraftRequest.returns_valid_trees  bool  True: `speculate` skips its check of the trees
                                             (draftcore's own drafters build them valid)
+    DraftRequest.lookahead_optional   bool  True: propose also takes `lookahead=False`, asking for
+                                            no lookahead window this step (the budget policy's
+                                            `wants_lookahead`; JacobiDrafter, CompositeDrafter)
     Drafter.concurrent_requests  bool   True: concurrent requests may share it (below); speculate
                                         claims any drafter or budget policy that does not say so
 
@@ -118,7 +121,8 @@ class DraftRequest(Protocol):
         `context` is int32[m]: prompt + accepted tokens, ending with the root token
         (context[-1] == tree.tokens[0]). Candidates come first, best first (every prefix of them is
         the best draft of its size); a root-only tree means "no draft". The tree owns its arrays:
-        nothing another request does may change it.
+        nothing another request does may change it. A request with `lookahead_optional = True`
+        also takes a keyword `lookahead` (default True); `lookahead=False` asks for no window.
         """
 
     def update(self, tokens: np.ndarray) -> None:

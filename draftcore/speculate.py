@@ -260,6 +260,8 @@ def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, sto
     request = lifetime.start(drafter, prompt)
     # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
     trusted = getattr(request, "returns_valid_trees", False) is True
+    # A request that can leave its lookahead window out is told when the policy wants none.
+    lookahead_optional = getattr(request, "lookahead_optional", False) is True
     observe = getattr(request, "observe", None)
     rule.start(prompt)
     tokens, logits = check_node_results(verifier.prefill(prompt, rule.prefill_logits), 1, rule.prefill_logits,
@@ -281,7 +283,7 @@ def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, sto
         t0 = clock()
         request.update(emitted)
         tree = _draft(request, policy, context[:n_context], limits, verifier.n_past,
-                      max_new_tokens - stats.new_tokens, trusted)
+                      max_new_tokens - stats.new_tokens, trusted, lookahead_optional)
         t1 = clock()
         n_logits = rule.n_logits(tree)
         tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits, vocab_size,
@@ -314,17 +316,21 @@ def _grown(context: np.ndarray, n_context: int, needed: int) -> np.ndarray:
     return grown
 
 
-def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted) -> DraftTree:
+def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted, lookahead_optional=False) -> DraftTree:
     """The tree to verify this step: the drafter's proposal, its candidates cut to the policy's
     choice and to what one verify holds (nodes, cache cells, leaves); a lookahead window that does
-    not fit is dropped whole, never cut."""
+    not fit is dropped whole, never cut. A request that can leave its window out
+    (`lookahead_optional`) is asked for none when the policy wants none this step."""
     root = int(context[-1])
     cells = min(limits.max_context - n_past, limits.max_tree_nodes)   # nodes one verify may hold
     room = min(tokens_wanted - 1, cells - 1)                          # candidates worth drafting
     size = min(policy.request_size(), room)
     if size <= 0:
         return DraftTree.root_only(root)
-    tree = request.propose(context, size)
+    if lookahead_optional and not _wants_lookahead(policy):
+        tree = request.propose(context, size, lookahead=False)
+    else:
+        tree = request.propose(context, size)
     if not trusted:
         _check_proposal(tree, root, size, limits.vocab_size)
     if tree.n_lookahead and 1 + tree.n_lookahead > cells:
@@ -341,6 +347,11 @@ def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted) -> 
     if limits.max_tree_leaves is not None and max(keep + tree.n_lookahead, 1) > limits.max_tree_leaves:
         keep = min(keep, _most_candidates_within_leaves(tree, keep, limits.max_tree_leaves))
     return tree.with_candidates(keep)
+
+
+def _wants_lookahead(policy) -> bool:
+    decide = getattr(policy, "wants_lookahead", None)
+    return True if decide is None else bool(decide())
 
 
 def _keeps_lookahead(policy, tree: DraftTree, keep: int) -> bool:

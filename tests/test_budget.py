@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from draftcore import CostAwareBudget, DraftTree
-from draftcore.budget import FixedBudget, _menu
+from draftcore.budget import FixedBudget, LookaheadProbe, _menu
 from draftcore.errors import ConfigError
 
 # seconds per verify by tree size: 3 nodes cost more than 4 (as MKL's small matrix kernels do)
@@ -110,6 +110,29 @@ def test_windows_of_different_sizes_keep_separate_costs():
     drive(policy, 60, n_accepted=2)
     assert set(policy._cost) == {0, 10}
     assert policy.cost(4, 10) > policy.cost(4, 0)
+
+
+def test_a_dropped_window_is_asked_for_only_every_probe_interval():
+    """wants_lookahead: every step before any window is judged and while windows are kept; after
+    keep_lookahead drops one, every `every`-th step (counted from the drop); window_cost=inf keeps
+    and wants every window."""
+    probe = LookaheadProbe(every=4)
+    assert [probe.wants() for _ in range(3)] == [True] * 3
+    assert probe.decided(False) is False
+    assert [probe.wants() for _ in range(9)] == [False, False, False, True] * 2 + [False]
+    assert probe.decided(True) is True and all(probe.wants() for _ in range(5))
+    with pytest.raises(ConfigError, match="every"):
+        LookaheadProbe(every=0)
+
+    policy = CostAwareBudget()   # on a cost curve where a window doubles a step, it is dropped
+    drive(policy, 60, n_accepted=2)
+    tree = chain(8, 0.5, window=30)
+    assert policy.wants_lookahead()
+    assert not policy.keep_lookahead(tree, 4)
+    wanted = [policy.wants_lookahead() for _ in range(32)]
+    assert wanted == ([False] * 15 + [True]) * 2
+    free = CostAwareBudget(window_cost=float("inf"))
+    assert free.keep_lookahead(tree, 4) and all(free.wants_lookahead() for _ in range(20))
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_nodes=0), dict(smoothing=1.5), dict(smoothing=0),

@@ -20,6 +20,7 @@ import pytest
 import draftcore
 import draftcore.acceptance
 from draftcore import ConfigError, CostAwareBudget, DraftTree, TrieDrafter
+from draftcore.budget import LookaheadProbe
 from draftcore.drafters.composite import CompositeDrafter
 from draftcore.drafters.jacobi import JacobiDrafter
 from draftcore.drafters.merge import merge_trees
@@ -405,10 +406,15 @@ def test_composite_calibration_counts_each_verified_node_once_per_source():
 
 
 class WindowDroppingBudget:
-    """A fixed budget that, like the cost-aware one on a CPU, never keeps a lookahead window."""
+    """A fixed budget that, like the cost-aware one on a CPU, never keeps a lookahead window and
+    asks for one as the cost-aware budget does (LookaheadProbe); `ask=False`: a policy that never
+    says whether it wants one."""
 
-    def __init__(self, n):
+    def __init__(self, n, ask=True):
         self.n = n
+        self.probe = LookaheadProbe()
+        if ask:
+            self.wants_lookahead = self.probe.wants
 
     def request_size(self):
         return self.n
@@ -417,35 +423,60 @@ class WindowDroppingBudget:
         return min(self.n, tree.n_draft)
 
     def keep_lookahead(self, tree, n_draft):
-        return False
+        return self.probe.decided(False)
 
     def observe(self, tree, path, seconds):
         pass
 
 
-def test_a_window_the_loop_keeps_dropping_is_offered_only_now_and_then():
-    from draftcore.drafters.composite import _WINDOW_PROBE
+class WithoutLookaheadHint:
+    """A third-party request over another one: propose(context, budget) and nothing more."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.observe = inner.observe
+
+    def propose(self, context, budget):
+        return self._inner.propose(context, budget)
+
+    def update(self, tokens):
+        self._inner.update(tokens)
+
+    def finish(self):
+        self._inner.finish()
+
+
+@pytest.mark.parametrize("kind", ["composite", "jacobi", "jacobi without the hint"])
+def test_a_window_the_loop_keeps_dropping_is_asked_for_only_now_and_then(kind):
+    """A budget that drops every window asks a drafter that can leave it out for one only at the
+    first proposal and every `LookaheadProbe.every`-th after; one that keeps it, every proposal;
+    a request that cannot be asked (no `lookahead_optional`) builds it every time. The output
+    equals plain greedy in every case."""
     model = repeating_model(PATTERN)
     prompt = np.array(PATTERN * 3, np.int32)
+    every = LookaheadProbe().every
     for budget, kept in ((WindowDroppingBudget(4), False), (4, True)):
-        drafter = CapturingDrafter(CompositeDrafter(token_limit=VOCAB))
-        built = []
+        inner = CompositeDrafter(token_limit=VOCAB) if kind == "composite" else JacobiDrafter(window=4, levels=3)
+        built, proposed = [], []
 
-        def start(prompt, start=drafter.start):
+        def start(prompt, start=inner.start):
             request = start(prompt)
-            with_window = request._jacobi.with_window
-            request._jacobi.with_window = lambda tree: built.append(1) or with_window(tree)
-            return request
+            jacobi = request._jacobi if kind == "composite" else request
+            with_window, propose = jacobi.with_window, request.propose
+            jacobi.with_window = lambda tree: built.append(1) or with_window(tree)
+            request.propose = lambda *args, **kwargs: proposed.append(1) or propose(*args, **kwargs)
+            return WithoutLookaheadHint(request) if kind == "jacobi without the hint" else request
 
+        drafter = CapturingDrafter(inner)
         drafter.start = start
         result = draftcore.speculate(ToyVerifier(model), prompt, max_new_tokens=200, drafter=drafter, budget=budget)
         assert result.tokens.tolist() == model.greedy(prompt, 200).tolist()
-        proposals = result.stats.steps - 1
-        if kept:   # a window the loop verifies is built for every proposal
-            assert result.stats.lookahead_nodes > 0 and len(built) == proposals
-        else:      # one dropped every step is built at the first proposal and every _WINDOW_PROBE-th after
-            assert result.stats.lookahead_nodes == 0 and proposals > 2 * _WINDOW_PROBE
-            assert len(built) == -(-proposals // _WINDOW_PROBE)
+        proposals = len(proposed)
+        if kept or kind == "jacobi without the hint":   # built for every proposal
+            assert len(built) == proposals and (result.stats.lookahead_nodes > 0) == kept
+        else:      # built at the first proposal and every `every`-th after
+            assert result.stats.lookahead_nodes == 0 and proposals > 2 * every
+            assert len(built) == -(-proposals // every)
 
 
 def test_merge_trees_shares_prefixes_and_ors_sources():

@@ -114,7 +114,11 @@ class DraftcoreDraftModel(LlamaDraftModel):
         root = int(context[-1])
         if size <= 0:
             return DraftTree.root_only(root)
-        tree = self._request.propose(context, size)
+        # llama.cpp verifies a chain here: a window would be dropped, so ask for none if we can
+        if getattr(self._request, "lookahead_optional", False) is True:
+            tree = self._request.propose(context, size, lookahead=False)
+        else:
+            tree = self._request.propose(context, size)
         if tree.n_lookahead:
             tree = tree.without_lookahead()
         chain = best_chain(tree)

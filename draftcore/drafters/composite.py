@@ -15,9 +15,9 @@ took the composite's simulated speedup from 1.72x / 1.27x (one rate per source) 
 (HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
 
 The model's token at every verified candidate (`observe`) feeds the n-gram tables, whoever
-proposed the node, and the window's outputs feed the Jacobi pool. The window is attached to every
-proposal while the loop verifies it; once the budget drops it (verify is not free: a CPU), only to
-every 16th, so a window that would pay again is noticed without building it every step.
+proposed the node, and the window's outputs feed the Jacobi pool. The window is attached whenever
+the loop asks for one (`lookahead_optional`: the cost-aware budget asks every step while it keeps
+the window, and once it drops it, where verify is not free (a CPU), only every 16th step).
 
     CompositeDrafter()                                   trie + n-gram + Jacobi (window on)
     CompositeDrafter(jacobi=None)                        trie + n-gram
@@ -40,7 +40,6 @@ _DEFAULT = object()
 _KERNELS = "draftcore.drafters.composite_kernels"
 _BINS = 20           # score bins of the calibration
 _PRIOR_WEIGHT = 2.0  # nodes' worth of the prior that a score is its node's acceptance rate
-_WINDOW_PROBE = 16   # while the loop keeps dropping the window (a CPU), it is offered every this many steps
 
 
 class CompositeDrafter:
@@ -85,6 +84,7 @@ class CompositeRequest:
     """One request on every source drafter, and each source's recent acceptance by score bin."""
 
     returns_valid_trees = True
+    lookahead_optional = True   # propose(..., lookahead=False) builds no window
 
     def __init__(self, drafter: CompositeDrafter, requests: list):
         self._drafter = drafter
@@ -100,7 +100,6 @@ class CompositeRequest:
         self._sources = np.zeros(1, np.int32)  # source bits of the last proposal's nodes
         self._proposed = None                  # (source, score bin, index in the tree) of its input nodes
         self._K = kernels(_KERNELS)
-        self._window_misses = 0                # steps since a verify last carried the window
 
     @property
     def acceptance(self) -> np.ndarray:
@@ -114,12 +113,20 @@ class CompositeRequest:
         rates = ", ".join(f"{type(s).__name__}: {r:.2f}" for s, r in zip(self._drafter.sources, self.acceptance))
         return f"CompositeRequest(acceptance {rates})"
 
-    def propose(self, context, budget: int) -> DraftTree:
+    def propose(self, context, budget: int, lookahead: bool = True) -> DraftTree:
+        """The sources' candidates merged, and the Jacobi window when `lookahead` (the loop asks
+        for none where the budget keeps dropping it: building it cost ~20 us a step, a quarter of
+        the composite's drafting)."""
         context = token_array("context", context)
         root = int(context[-1])
         trees = {}   # source index -> its tree, for the sources that drafted something
         for i, request in enumerate(self._requests):
-            tree = request.candidates(root, budget) if request is self._jacobi else request.propose(context, budget)
+            if request is self._jacobi:
+                tree = request.candidates(root, budget)
+            elif getattr(request, "lookahead_optional", False) is True:
+                tree = request.propose(context, budget, lookahead=False)
+            else:
+                tree = request.propose(context, budget)
             if tree.n_lookahead:
                 tree = tree.without_lookahead()
             if len(tree) > 1:
@@ -129,10 +136,7 @@ class CompositeRequest:
             merged, self._sources, self._proposed = self._merged(root, trees, budget)
         else:
             merged, self._sources = DraftTree.root_only(root), np.zeros(1, np.int32)
-        # Where verify is not nearly free the budget drops the window every step: building it
-        # anyway cost ~20 us a step (a quarter of the composite's drafting), so a window the loop
-        # dropped is offered again only every _WINDOW_PROBE steps (to notice if it pays again).
-        if self._jacobi is not None and self._drafter.window and self._window_misses % _WINDOW_PROBE == 0:
+        if lookahead and self._jacobi is not None and self._drafter.window:
             merged = self._jacobi.with_window(merged)
         return merged
 
@@ -172,7 +176,6 @@ class CompositeRequest:
             self._K.count_verified(self.offered, self.accepted, self._prior_offered, self._prior_accepted,
                                    self._keep, source, score_bin, index, m, path)
         self._proposed = None
-        self._window_misses = 0 if tree.n_lookahead else self._window_misses + 1
         for observe in self._observers:
             observe(tree, node_tokens, path)
 

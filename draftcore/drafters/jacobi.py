@@ -80,6 +80,7 @@ class JacobiRequest:
     """One request's window and pool, from `JacobiDrafter.start(prompt)`."""
 
     returns_valid_trees = True
+    lookahead_optional = True   # propose(..., lookahead=False): the pool's candidates, no window
 
     def __init__(self, drafter: JacobiDrafter, prompt: np.ndarray):
         K = self._K = kernels(_KERNELS)
@@ -100,11 +101,16 @@ class JacobiRequest:
     def __repr__(self) -> str:
         return f"JacobiRequest(levels={self.n_levels}/{self._drafter.levels - 1}" + (", finished)" if self._ended else ")")
 
-    def propose(self, context, budget: int) -> DraftTree:
+    def propose(self, context, budget: int, lookahead: bool = True) -> DraftTree:
+        """The pool's candidates for the root, with the window as lookahead nodes when `lookahead`
+        (the loop asks for none while its budget policy keeps dropping the window: a CPU)."""
         context = token_array("context", context)
         budget = positive_int("budget", budget, minimum=0)
         self._check_open("propose")
         candidates = self.candidates(int(context[-1]), budget)
+        if not lookahead:
+            self._n_window = 0
+            return candidates
         return self.with_window(candidates)
 
     def candidates(self, root: int, budget: int) -> DraftTree:

@@ -177,9 +177,13 @@ class _TimedDrafter:
         self.request.update(tokens)
         self._pending += time.perf_counter() - t0
 
-    def propose(self, context, budget):
+    @property
+    def lookahead_optional(self) -> bool:   # the loop's question goes to the timed request
+        return getattr(self.request, "lookahead_optional", False) is True
+
+    def propose(self, context, budget, **lookahead):
         t0 = time.perf_counter()
-        tree = self.request.propose(context, budget)
+        tree = self.request.propose(context, budget, **lookahead)
         self._pending += time.perf_counter() - t0
         return tree
 
