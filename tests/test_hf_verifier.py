@@ -359,6 +359,8 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
     assert isinstance(HFVerifier(model).packed_linear, bool)
     sensitive = _copy_into(LinearSensitiveLlama)
     assert not HFVerifier(sensitive, weight_major_rows=0).packed_linear
+    from draftcore.adapters.torch_hf import packed_linear   # copies made but not used are not kept
+    assert packed_linear.shared(sensitive.get_decoder(), sensitive.get_output_embeddings()) is None
     with pytest.raises(ConfigError, match="packed_linear: True, but the model's logits through oneDNN differ"):
         HFVerifier(sensitive, packed_linear=True)
     with pytest.raises(ConfigError, match="packed_linear: True, but the model's forward is more than"):

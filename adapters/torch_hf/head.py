@@ -143,12 +143,16 @@ def _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weigh
         return None   # a second copy of the weights would crowd the machine
     if why is None:
         linears = packed_linear.shared(decoder, head)
+        if linears is not None:
+            return linears   # checked and chosen for an earlier verifier of this model
+        linears = packed_linear.PackedLinears.of(decoder, head)
         if not reproduces(SplitHead(decoder, head, packed=linears)):
             why = "the model's logits through oneDNN differ from its own forward"
     if why is not None:
         return refuse(why)
     if packed is None and not _packed_is_faster(decoder, head, linears, vocab_size, device, weight_major_rows):
         return None
+    packed_linear.share(decoder, head, linears)
     return linears
 
 

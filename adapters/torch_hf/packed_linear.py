@@ -21,7 +21,7 @@ construction. A weight changed in place afterwards through autograd-visible oper
 under no_grad, `load_state_dict`, an optimizer step) bumps its version counter and is packed again
 before its next use; a write through `.data` is invisible to torch's counters, so after one build a
 new verifier. A weight that is replaced (a new Parameter) is not packed and runs through torch as
-usual. Verifiers of one model share one packed copy (`shared`): a pool of them costs it once.
+usual. Verifiers of one model share one packed copy (`share`): a pool of them costs it once.
 
 `PackedLinearMode` is a `torch.overrides.TorchFunctionMode` (the documented scoped override, on the
 calling thread only): the model, its modules and torch are not modified, and any `F.linear` whose
@@ -64,7 +64,7 @@ class PackedLinears:
             if _packable(weight) and id(weight) not in self._packed:
                 self._packed[id(weight)] = (weight, weight._version, _pack(weight))
         self.nbytes = sum(w.numel() * w.element_size() for w, _, _ in self._packed.values())
-        self.head = None   # the head `shared` packed with the decoder
+        self.head = None   # the head `share` kept them with
 
     @classmethod
     def of(cls, *modules) -> "PackedLinears":
@@ -108,15 +108,20 @@ class PackedLinearMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def shared(decoder, head) -> PackedLinears:
-    """`PackedLinears.of(decoder, head)`, one per decoder while it lives: every verifier of a model
-    uses the same copies (read-only but for re-packing a changed weight, which any thread may do)."""
+def shared(decoder, head) -> PackedLinears | None:
+    """The copies `share` kept for this decoder and head, or None: every verifier of a model uses
+    the same ones (read-only but for re-packing a changed weight, which any thread may do)."""
     with _shared_lock:
         packed = _shared.get(decoder)
-        if packed is None or packed.head is not head:
-            packed = _shared[decoder] = PackedLinears.of(decoder, head)
-            packed.head = head
-        return packed
+        return packed if packed is not None and packed.head is head else None
+
+
+def share(decoder, head, packed: PackedLinears) -> None:
+    """Keep `packed` (checked and in use) for the next verifier of this decoder, while it lives.
+    Copies that were made but not used are not kept: they would hold the weights' memory again."""
+    with _shared_lock:
+        packed.head = head
+        _shared[decoder] = packed
 
 
 def fits_in_memory(nbytes: int) -> bool:
