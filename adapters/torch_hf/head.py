@@ -135,11 +135,12 @@ def _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weigh
     if packed is False:
         return None
     why = None
+    nbytes = packed_linear.linear_bytes(decoder, head)
     if not packed_linear.available():
         why = "this torch build has no oneDNN Linear operators"
-    elif not packed_linear.linear_bytes(decoder, head):
+    elif not nbytes:
         why = "the model has no float32 CPU Linear layers"
-    elif packed is None and not packed_linear.fits_in_memory(packed_linear.linear_bytes(decoder, head)):
+    elif packed is None and not packed_linear.fits_in_memory(nbytes):
         return None   # a second copy of the weights would crowd the machine
     if why is None:
         linears = packed_linear.shared(decoder, head)

@@ -59,17 +59,15 @@ class PackedLinears:
 
     def __init__(self, linears):
         self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}   # id -> weight, version, packed
-        for linear in linears:
-            weight = linear.weight
-            if _packable(weight) and id(weight) not in self._packed:
-                self._packed[id(weight)] = (weight, weight._version, _pack(weight))
-        self.nbytes = sum(w.numel() * w.element_size() for w, _, _ in self._packed.values())
+        for weight in _packable_weights(linears):
+            self._packed[id(weight)] = (weight, weight._version, _pack(weight))
+        self.nbytes = _nbytes(w for w, _, _ in self._packed.values())
         self.head = None   # the head `share` kept them with
 
     @classmethod
     def of(cls, *modules) -> "PackedLinears":
         """Pack every float32 CPU Linear inside `modules` (a decoder, a head)."""
-        return cls([m for module in modules for m in module.modules() if type(m) is torch.nn.Linear])
+        return cls(_linears(modules))
 
     def __len__(self) -> int:
         return len(self._packed)
@@ -148,12 +146,24 @@ def _available_memory() -> int | None:
 
 def linear_bytes(*modules) -> int:
     """Bytes of the float32 CPU Linear weights inside `modules` (what PackedLinears would copy)."""
-    seen = {}
-    for module in modules:
-        for m in module.modules():
-            if type(m) is torch.nn.Linear and _packable(m.weight):
-                seen[id(m.weight)] = m.weight.numel() * m.weight.element_size()
-    return sum(seen.values())
+    return _nbytes(_packable_weights(_linears(modules)))
+
+
+def _linears(modules) -> list:
+    return [m for module in modules for m in module.modules() if type(m) is torch.nn.Linear]
+
+
+def _packable_weights(linears) -> list:
+    """The distinct packable weights of `linears` (a tied weight once)."""
+    weights = {}
+    for linear in linears:
+        if _packable(linear.weight):
+            weights.setdefault(id(linear.weight), linear.weight)
+    return list(weights.values())
+
+
+def _nbytes(weights) -> int:
+    return sum(w.numel() * w.element_size() for w in weights)
 
 
 def _packable(weight) -> bool:

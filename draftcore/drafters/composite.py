@@ -91,6 +91,8 @@ class CompositeRequest:
         self._requests = requests
         self._jacobi = next((r for s, r in zip(drafter.sources, requests) if s is drafter.jacobi), None)
         self._observers = [r.observe for r in requests if callable(getattr(r, "observe", None))]
+        # sources asked for no window when proposing (the composite drops theirs anyway)
+        self._windowless = [getattr(r, "lookahead_optional", False) is True for r in requests]
         centres = (np.arange(_BINS) + 0.5) / _BINS
         self._prior_offered = np.full((len(requests), _BINS), _PRIOR_WEIGHT)
         self._prior_accepted = np.tile(_PRIOR_WEIGHT * centres, (len(requests), 1))
@@ -123,7 +125,7 @@ class CompositeRequest:
         for i, request in enumerate(self._requests):
             if request is self._jacobi:
                 tree = request.candidates(root, budget)
-            elif getattr(request, "lookahead_optional", False) is True:
+            elif self._windowless[i]:
                 tree = request.propose(context, budget, lookahead=False)
             else:
                 tree = request.propose(context, budget)
