@@ -1,8 +1,9 @@
 """How many draft nodes to verify per step.
 
-On a GPU a verify of 64 tokens costs about as much as one; on a CPU it does not (SmolLM2 on
-llama.cpp, 2 cores: 1 token 7.2 ms, 2 → 12.2, 8 → 25.3). So the size of the tree to verify must
-follow what verifying costs on this machine and how likely the draft is to be accepted.
+On a GPU a verify of 64 tokens costs about as much as one; on a CPU it does not (SmolLM2 Q4_1 on
+llama.cpp, 2 cores, a whole verify: 1 token 4.8 ms, 2 → 11.7, 8 → 27.2). So the size of the tree
+to verify must follow what verifying costs on this machine and how likely the draft is to be
+accepted.
 
 A budget policy has three methods, called by `speculate` once per step:
     request_size() -> int          how many candidate nodes to ask the drafter for
@@ -18,6 +19,8 @@ and optionally
                                    out (`DraftRequest.lookahead_optional`): whether to build one this
                                    step at all (default: always). `LookaheadProbe` answers it from
                                    what keep_lookahead last decided.
+    observe_outcomes(tree, verified, outcome)  what every node of a step's proposal would have
+                                   done, a few tokens later (draftcore.outcomes; verified or not)
 
 `FixedBudget` verifies the drafter's best n nodes every step. `CostAwareBudget` measures the
 verifier's cost per tree size while it runs and picks the size that maximises expected tokens per
@@ -28,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ConfigError
+from .jit import kernels
 from .tree import DraftTree
 from .validate import positive_float, positive_int
 
@@ -90,7 +94,8 @@ class CostAwareBudget:
     because the cost is not monotonic: on a CPU a 3-token forward can cost more than a 4-token one,
     a 2-token one less than a 1-token one (matrix-kernel choice; HFVerifier, SmolLM2 fp32 on 2
     cores: 1 → 46 ms, 2 → 44, 3 → 57, 4 → 55, 6 → 73, 8 → 78, 16 → 99). Only menu sizes are verified.
-    A size never measured is guessed optimistically from the cheapest measured step, so bigger trees
+    A step slower than twice its size's estimate counts as twice it (one page fault must not make
+    no draft look dearer than a draft). A size never measured is guessed optimistically from the cheapest measured step, so bigger trees
     get tried, measured and then kept or dropped; but where two smaller sizes are measured, never
     below the largest of them plus half the cost growth per node measured up to it (on a CPU a
     verify's cost grows with its nodes, and a guess far below that tried every large size once).
@@ -98,9 +103,21 @@ class CostAwareBudget:
     is calibrated against what was really accepted, per score bin and rank in the best-first order
     (1, 2–3, 4–7, 8–15, 16–31, 32+): a trie's first node is accepted far more often than a later
     node of the same score (when this was introduced, replayed SmolLM2 outputs gave a simulated
-    HumanEval speedup of 1.85x with rank buckets, 1.61x without). The expected number of accepted drafted tokens of a
-    best-first prefix of k candidates is the sum of their calibrated probabilities. Lookahead nodes
-    are never accepted, so they are priced but never calibrated.
+    HumanEval speedup of 1.85x with rank buckets, 1.61x without). Every proposed candidate counts,
+    verified or not: the tokens emitted a few steps later show whether an unverified one would have
+    been accepted (`observe_outcomes`, draftcore.outcomes), so the calibration does not rest on the
+    few candidates a CPU budget verifies, chosen where it was most optimistic. The expected number of
+    accepted drafted tokens of a best-first prefix of k candidates is the sum of their calibrated
+    probabilities made consistent with the tree (children share at most their parent's probability;
+    two siblings calibrated at 0.8 each do not make 1.6 tokens), times a bias correction: recent
+    accepted over expected tokens of the prefix it verified, or would have verified without the
+    correction, learnt from every proposal's outcome (memory 32 proposals, in [0.25, 1]; 1 where the
+    caller reports no outcomes). On llama.cpp (a CPU, where 2
+    tokens cost twice 1) the composite's verified trees accepted 566 tokens where the summed
+    calibration expected 799 (the consistent sum: 646). Lookahead nodes are never accepted, so they
+    are priced but never calibrated. A proposal whose best draft is worth less than half of no draft
+    skips the next proposal (that step verifies the root alone): drafting is not free where a step
+    is a few milliseconds.
 
     Now and then it verifies a neighbouring menu size instead (one up or one down from its choice,
     alternately), so one slow measurement (a page fault, another process) cannot stick forever and
@@ -161,6 +178,12 @@ class CostAwareBudget:
                             # burst of accepted drafts missed while paused costs more than a few
                             # percent of drafting overhead, and step times are noisy
     _SETTLED_TRIALS = 2     # drafting steps, in trial_every's, before a won pause trial is confirmed soon
+    _BIAS_MEMORY = 32       # proposals after which bias evidence has faded to 1/e
+    _BIAS_PRIOR = 4.0       # expected tokens of evidence that the calibration is right
+    _BIAS_FLOOR = 0.25      # the correction never scales the expectation below this
+    _OUTLIER = 2.0          # a step's seconds count as at most this times its size's estimate
+    _HOPELESS = 0.5         # a proposal worth less than this share of no draft skips the next one,
+                            # and a neighbouring size worth less than this share is not explored
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
@@ -203,12 +226,20 @@ class CostAwareBudget:
         self._estimates: dict[int, np.ndarray] = {}
         self._rank_bucket = _rank_buckets(self.max_nodes + 2, self._RANKS)
         self._lookahead = LookaheadProbe()
+        self._bias_expected = 0.0   # faded sums over proposals: expected and accepted tokens of the
+        self._bias_accepted = 0.0   # prefix choose() would have picked without the bias correction
+        self._sees_outcomes = False  # the loop reports outcomes (speculate does; a draft model does not)
+        self._hopeless = False      # the last proposal was hopeless: the next step asks for none
+        self._kernels = kernels("draftcore.budget_kernels")
 
     # -- the policy ---------------------------------------------------------------------------
     def request_size(self) -> int:
         if self.trial_steps and self._trial_left == 0 and self._step >= self._next_trial:
             self._trial_left = self._PAUSE_TRIAL if self._winner == self._DRAFT else self.trial_steps
         self._arm = 1 - self._winner if self._trial_left else self._winner
+        if self._arm == self._DRAFT and self._hopeless:
+            self._hopeless = False   # skip one proposal after a hopeless one (see choose)
+            return 0
         return self.max_nodes if self._arm == self._DRAFT else 0
 
     @property
@@ -228,24 +259,36 @@ class CostAwareBudget:
         n_draft = min(tree.n_draft, self.max_nodes)
         if n_draft == 0 or np.isnan(self._costs(tree.n_lookahead)[0]):
             return 0  # first measure what a step without candidates costs
-        p = self._probability[self._cells(tree, n_draft + 1)[1:]]
-        accepted = np.concatenate(([0.0], np.cumsum(p)))            # expected, k = 0..n_draft
-        n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
-        sizes = self.sizes[:n_menu]
-        value = (1.0 + accepted[sizes - 1]) / self._estimated(tree.n_lookahead)[:n_menu]
+        sizes, value = self._values(tree, n_draft, self.bias())
+        n_menu = sizes.shape[0]
         best = int(np.argmax(value))
+        # A proposal whose best draft is worth less than half of no draft says the drafter has
+        # nothing here; the next step verifies the root without asking it. Where a step is a few
+        # ms (llama.cpp on a CPU) asking costs: the composite drafted in 0.2 ms of a 5.6 ms step
+        # there, and most steps chose no draft.
+        self._hopeless = n_menu > 1 and value[1:].max() < self._HOPELESS * value[0]
         if best != self._last_best:
             self._last_best, self._period = best, self.explore_every
         if self._step >= self._next_explore:
             # Re-measure a neighbouring size (one up or down, alternately): local, so the
-            # exploration itself stays cheap where big trees are expensive.
+            # exploration itself stays cheap where big trees are expensive; and not one worth less
+            # than half the choice, which no re-measured cost would make the better one (llama.cpp
+            # on a CPU re-measured a 2-token step, twice a 1-token one, for a 5 % candidate).
             near = best + (1 if self._n_explored % 2 == 0 else -1)
             self._n_explored += 1
             self._next_explore = self._step + self._period
             self._period = min(self._period * self.explore_backoff, 16 * self.explore_every)
-            if 0 <= near < n_menu:
+            if 0 <= near < n_menu and value[near] >= self._HOPELESS * value[best]:
                 best = near
         return int(sizes[best]) - 1
+
+    def bias(self) -> float:
+        """What the calibration's expectation is worth on the trees it verifies or would verify:
+        recent accepted over expected (uncorrected) tokens of the prefix it verified (`observe`) or,
+        where the correction made it verify less, would have verified (`observe_outcomes`); in
+        [_BIAS_FLOOR, 1]. 1 for a caller that reports no outcomes."""
+        rate = (self._bias_accepted + self._BIAS_PRIOR) / (self._bias_expected + self._BIAS_PRIOR)
+        return min(1.0, max(self._BIAS_FLOOR, rate))
 
     def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
         """Keep the window while its measured (or, unmeasured, optimistically guessed) extra cost
@@ -268,11 +311,25 @@ class CostAwareBudget:
         self._observe_arm(arm, path.shape[0], seconds)
         if arm == self._PAUSE:
             return   # nothing drafted: no cost of a drafting step, no acceptance
+        if tree.n_draft and self._sees_outcomes:
+            # The verified prefix's uncorrected expectation, before it is learnt from. Only where the
+            # loop reports outcomes: a correction learnt from verified trees alone could fall and
+            # then never see the trees it stopped verifying come true.
+            cells = self._cells(tree, tree.n_candidates)
+            p = self._probability[cells]
+            p[0] = 1.0
+            expected = self._kernels.expected_accepted(p, tree.parents, tree.n_candidates)[-1]
+            self._learn_bias(float(expected), path.shape[0] - 1.0)
         i = self._entry(tree.n_candidates)
         if i is not None:  # a size off the menu (a drafter that returned fewer nodes) teaches nothing
             costs = self._costs(tree.n_lookahead)
             old = costs[i]
-            costs[i] = seconds if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * seconds
+            # One slow step (a page fault, a collection, another process) counts as at most twice
+            # the estimate: on llama.cpp a 40 ms root-only step once raised its estimate from 5.5 to
+            # 12.4 ms, above a 2-token step's, and the budget then verified a candidate every step
+            # (k = 1 at twice the cost) while no-draft steps, never chosen, were seldom re-measured.
+            costs[i] = seconds if np.isnan(old) else \
+                (1 - self.smoothing) * old + self.smoothing * min(seconds, self._OUTLIER * old)
             self._estimates.clear()
         if self.memory is not None:  # forget old evidence, keep the prior
             keep = 1.0 - 1.0 / self.memory
@@ -287,6 +344,41 @@ class CostAwareBudget:
             np.add.at(flat_accepted, cells, accepted[1:])
         if tree.n_draft or self.memory is not None:
             self._probability = (self._accepted / self._offered).ravel()
+
+    def observe_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray) -> None:
+        """What the emitted tokens showed of a whole proposal (draftcore.outcomes): `outcome` per
+        node of `tree` (root and candidates), 1 would have been accepted, 0 not, -1 unknown. The
+        candidates after the first `verified` (not seen by `observe`) join the calibration; the
+        prefix `choose` would pick without the bias correction, where longer than what was verified,
+        measures the bias (a verified prefix measured it in `observe`, without waiting)."""
+        self._sees_outcomes = True
+        n = tree.n_candidates
+        if n <= 1:
+            return
+        cells = self._cells(tree, n)
+        costs_known = not np.isnan(self._costs(0)[0])
+        expected, hits = self._kernels.learn_outcomes(
+            self._offered.reshape(-1), self._accepted.reshape(-1), self._probability, cells, outcome, verified,
+            tree.parents, n, self.sizes if costs_known else self.sizes[:0], self._estimated(0))
+        if expected >= 0.0:   # the prefix it would pick uncorrected, longer than what was verified
+            self._learn_bias(expected, hits)
+
+    def _learn_bias(self, expected: float, accepted: float) -> None:
+        keep = 1.0 - 1.0 / self._BIAS_MEMORY
+        self._bias_expected = keep * self._bias_expected + expected
+        self._bias_accepted = keep * self._bias_accepted + accepted
+
+    def _values(self, tree: DraftTree, n_draft: int, bias: float):
+        """(menu sizes up to n_draft + 1 nodes, expected tokens per second of each, the bias
+        correction applied), the tree's window priced in."""
+        p = np.empty(n_draft + 1)
+        p[0] = 1.0
+        p[1:] = self._probability[self._cells(tree, n_draft + 1)[1:]]
+        expected = self._kernels.expected_accepted(p, tree.parents, n_draft + 1)
+        n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
+        sizes = self.sizes[:n_menu]
+        value = (1.0 + bias * expected[sizes - 1]) / self._estimated(tree.n_lookahead)[:n_menu]
+        return sizes, value
 
     def _observe_arm(self, arm: int, tokens: int, seconds: float) -> None:
         if self._step <= self.trial_every // 2:

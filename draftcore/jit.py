@@ -14,6 +14,7 @@ Each kernel module defines `warm_up()`, which calls every kernel once on tiny in
     module                              kernels
     draftcore.tree_kernels              ancestor mask, depths from parents
     draftcore.acceptance                greedy walk, one step of the exact sampling walk
+    draftcore.budget_kernels            the auto budget's expected accepted tokens per tree prefix
     draftcore.processors                repetition / presence / frequency penalties, top-k, top-p, min-p
     draftcore.drafters.trie_kernels     the trie drafter's node pool, counting and retrieval
     draftcore.drafters.ngram_kernels    n-gram tables, the Jacobi window and pool, the tree merge

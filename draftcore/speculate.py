@@ -26,6 +26,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .budget import as_budget_policy
+from .outcomes import ProposalOutcomes
 from .checks import VerifierLimits, check_node_results, check_tree
 from .claims import BUDGET_ADVICE, DRAFTER_ADVICE, VERIFIER_ADVICE, Claim, serves_many
 from .errors import BackendError, ConfigError, InputError, describe
@@ -263,6 +264,9 @@ def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, sto
     # A request that can leave its lookahead window out is told when the policy wants none.
     lookahead_optional = getattr(request, "lookahead_optional", False) is True
     observe = getattr(request, "observe", None)
+    # A policy that learns from what its proposals would have done is told, a few tokens later.
+    report_outcomes = getattr(policy, "observe_outcomes", None)
+    outcomes = ProposalOutcomes(report_outcomes) if callable(report_outcomes) else None
     rule.start(prompt)
     tokens, logits = check_node_results(verifier.prefill(prompt, rule.prefill_logits), 1, rule.prefill_logits,
                                         vocab_size, "verifier.prefill")
@@ -276,14 +280,20 @@ def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, sto
         context[n_context:n_context + emitted.shape[0]] = emitted
         n_context += emitted.shape[0]
         stats.new_tokens = n_context - n_prompt
+        if stop_reason is not None and outcomes is not None:
+            outcomes.settle(context, n_context, final=True)   # before the last yield: a caller may stop there
         yield emitted
         if stop_reason is not None:
             break
         rule.update(emitted)
         t0 = clock()
         request.update(emitted)
-        tree = _draft(request, policy, context[:n_context], limits, verifier.n_past,
-                      max_new_tokens - stats.new_tokens, trusted, lookahead_optional)
+        if outcomes is not None:
+            outcomes.settle(context, n_context)
+        tree, proposal = _draft(request, policy, context[:n_context], limits, verifier.n_past,
+                                max_new_tokens - stats.new_tokens, trusted, lookahead_optional)
+        if outcomes is not None:
+            outcomes.add(proposal, tree.n_draft, n_context)
         t1 = clock()
         n_logits = rule.n_logits(tree)
         tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits, vocab_size,
@@ -316,17 +326,18 @@ def _grown(context: np.ndarray, n_context: int, needed: int) -> np.ndarray:
     return grown
 
 
-def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted, lookahead_optional=False) -> DraftTree:
-    """The tree to verify this step: the drafter's proposal, its candidates cut to the policy's
-    choice and to what one verify holds (nodes, cache cells, leaves); a lookahead window that does
-    not fit is dropped whole, never cut. A request that can leave its window out
+def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted, lookahead_optional=False):
+    """(the tree to verify this step, the drafter's whole proposal): the proposal's candidates cut to
+    the policy's choice and to what one verify holds (nodes, cache cells, leaves); a lookahead window
+    that does not fit is dropped whole, never cut. A request that can leave its window out
     (`lookahead_optional`) is asked for none when the policy wants none this step."""
     root = int(context[-1])
     cells = min(limits.max_context - n_past, limits.max_tree_nodes)   # nodes one verify may hold
     room = min(tokens_wanted - 1, cells - 1)                          # candidates worth drafting
     size = min(policy.request_size(), room)
     if size <= 0:
-        return DraftTree.root_only(root)
+        tree = DraftTree.root_only(root)
+        return tree, tree
     if lookahead_optional and not _wants_lookahead(policy):
         tree = request.propose(context, size, lookahead=False)
     else:
@@ -346,7 +357,7 @@ def _draft(request, policy, context, limits, n_past, tokens_wanted, trusted, loo
     # leaves only when the tree could hold more than the verifier takes.
     if limits.max_tree_leaves is not None and max(keep + tree.n_lookahead, 1) > limits.max_tree_leaves:
         keep = min(keep, _most_candidates_within_leaves(tree, keep, limits.max_tree_leaves))
-    return tree.with_candidates(keep)
+    return tree.with_candidates(keep), tree
 
 
 def _wants_lookahead(policy) -> bool:

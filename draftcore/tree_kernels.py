@@ -82,6 +82,26 @@ def tokens_in_range(tokens, limit):
     return True
 
 
+@nb.njit(cache=True)
+def would_accept(tokens, parents, depths, n, continuation):
+    """int8[n]: for the first n nodes of a tree whose root is followed by `continuation` (the tokens
+    really emitted after it), 1 where the node's path root..i is a prefix of root + continuation
+    (acceptance would have walked it), 0 where it is not, -1 where the continuation is too short to
+    tell. Parents come before children, so one pass settles every node."""
+    out = np.empty(n, np.int8)
+    known = continuation.shape[0]
+    out[0] = 1
+    for i in range(1, n):
+        parent = out[parents[i]]
+        if parent != 1:
+            out[i] = parent          # below a rejected node: rejected; below an unknown one: unknown
+        elif depths[i] > known:
+            out[i] = -1
+        else:
+            out[i] = 1 if tokens[i] == continuation[depths[i] - 1] else 0
+    return out
+
+
 def warm_up() -> None:
     parents = np.array([-1, 0, 1, 0], np.int32)
     depths = depths_from_parents(parents)
@@ -90,3 +110,4 @@ def warm_up() -> None:
     path_error(np.array([0, 1], np.int32), parents)
     path_error(np.array([0, 1], np.int64), parents)
     tokens_in_range(parents, 10)
+    would_accept(parents + 1, parents, depths, 4, np.array([1], np.int32))

@@ -12,6 +12,8 @@ keeping heaps and child lists, and share nothing with draftcore but the document
     naive_branch_counts  OUTPUT counts straight from the definition (no capacity pressure)
     naive_greedy_accept  greedy acceptance of one verified tree
     NaiveRowDrafter      RowDrafter's row bookkeeping and cost rule, with known request identities
+    naive_would_accept   what each node of a proposal would have done, from the emitted tokens
+    naive_expected_accepted  the auto budget's tree-consistent expected accepted tokens per prefix
 """
 from __future__ import annotations
 
@@ -934,3 +936,36 @@ class NaiveRowDrafter:
                 best_m, best_value = m, value
         st["chain"], st["cells"] = chain[:best_m], cells[:best_m]
         return chain[:best_m]
+
+
+# -- what a proposal would have done, and what the budget expects of it -----------------------------
+def naive_would_accept(tokens, parents, continuation) -> list:
+    """Per node: 1 if root..node's tokens after the root are a prefix of `continuation`, 0 if they
+    differ from it somewhere, -1 if they agree with all of it but reach beyond it."""
+    out = []
+    for i in range(len(tokens)):
+        path = []
+        node = i
+        while node > 0:
+            path.append(int(tokens[node]))
+            node = int(parents[node])
+        path.reverse()
+        known = [int(t) for t in continuation[:len(path)]]
+        if path[:len(known)] != known:
+            out.append(0)
+        elif len(path) > len(continuation):
+            out.append(-1)
+        else:
+            out.append(1)
+    return out
+
+
+def naive_expected_accepted(p, parents, k: int) -> float:
+    """Expected accepted candidates of the tree's first k candidates: each node's probability is its
+    calibrated p scaled by min(1, parent's probability / sum of p over its siblings among the k)."""
+    q = {0: 1.0}
+    for i in range(1, k + 1):
+        siblings = [j for j in range(1, k + 1) if parents[j] == parents[i]]
+        total = sum(p[j] for j in siblings)
+        q[i] = p[i] * min(1.0, q[int(parents[i])] / total)
+    return sum(q[i] for i in range(1, k + 1))

@@ -341,3 +341,39 @@ def test_a_paused_step_never_asks_the_drafter_and_changes_no_output():
 def test_bad_pause_settings_are_refused(kwargs):
     with pytest.raises(ConfigError, match=next(iter(kwargs))):
         CostAwareBudget(**kwargs)
+
+
+def test_exploration_skips_a_neighbour_worth_less_than_half_the_choice():
+    policy = CostAwareBudget(trial_steps=0)
+    tree = chain(8, 0.02)   # calibrated near 0.025: a candidate is worth almost nothing
+    for size in (1, 2, 3, 4):
+        policy.observe(tree.with_candidates(size - 1), np.zeros(1, np.int32), 2.5 * size - 1.5)
+    choices = []
+    for _ in range(200):
+        policy._next_explore = policy._step   # an exploration due at every step
+        choices.append(policy.choose(tree))
+        policy.observe(DraftTree.root_only(7), np.zeros(1, np.int32), 1.0)
+    assert set(choices) == {0}   # 1 candidate: 1.025 tokens for 3.5 steps' time, never re-measured
+    cheap = CostAwareBudget(trial_steps=0)
+    for size in (1, 2, 3, 4):
+        cheap.observe(tree.with_candidates(size - 1), np.zeros(1, np.int32), 1.0 + 0.05 * size)
+    explored = []
+    for _ in range(20):
+        cheap._next_explore = cheap._step
+        explored.append(cheap.choose(tree))
+        cheap.observe(DraftTree.root_only(7), np.zeros(1, np.int32), 1.0)
+    assert 1 in explored   # a neighbour nearly as good is re-measured
+
+
+def test_one_slow_step_cannot_make_no_draft_look_dearer_than_a_draft():
+    # A root-only step 8x slower than usual (a page fault) once raised the no-draft estimate above a
+    # 2-token step's, and a budget then verified a poor candidate every step.
+    policy = CostAwareBudget(trial_steps=0)
+    tree = chain(8, 0.5)
+    for size in (1, 2, 3, 4):
+        for _ in range(5):
+            policy.observe(tree.with_candidates(size - 1), np.zeros(1, np.int32), 2.0 * size - 1.0)
+    policy.observe(DraftTree.root_only(7), np.zeros(1, np.int32), 8.0)
+    assert policy.cost([1])[0] <= 1.2 + 1e-9   # 0.8 * 1 + 0.2 * min(8, 2 * 1)
+    policy._next_explore = 1 << 30
+    assert policy.choose(tree) == 0

@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_budget, default=None, metavar="N|auto",
                    help="drafted candidates verified per step (default: auto, the library's CostAwareBudget)")
     p.add_argument("--cost", default="hf-cpu", metavar="NAME|TABLE",
-                   help="simulated verify cost: hf-cpu (default), hf-cpu-unpacked, llamacpp-cpu, gpu-flat, a table "
+                   help="simulated verify cost: hf-cpu (default), hf-cpu-unpacked, llamacpp-cpu, llamacpp-cpu-old, gpu-flat, a table "
                         "'nodes:ms,nodes:ms,...', or none (real clock, no speedup)")
     p.add_argument("--json", help="write the results here")
     _add_trie_options(p)

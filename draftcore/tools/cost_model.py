@@ -11,7 +11,10 @@ Built-in tables, milliseconds per forward by nodes in it (the root included):
     hf-cpu        HFVerifier, SmolLM2-135M fp32, transformers, this project's 2-core CPU (its
                   Linear layers through oneDNN on packed weights, benchmarks/hf_verify_cost.py)
     hf-cpu-unpacked  the same with packed_linear=False (the table of every replay before it)
-    llamacpp-cpu  LlamaCppVerifier, SmolLM2-135M Q4_1, llama.cpp, the same CPU
+    llamacpp-cpu  LlamaCppVerifier, SmolLM2-135M Q4_1, llama.cpp 0.3.36, the same CPU: a whole step
+                  (benchmarks/llamacpp_decode_ms.py's verify plus ~0.6 ms of loop, as the auto
+                  budget measured it); a 2-token forward costs twice a 1-token one
+    llamacpp-cpu-old  the table of every replay before that (an older llama.cpp build)
     gpu-flat      a GPU, where a verify of 64 nodes costs about what one does
 
 Between two sizes of a table the cost is interpolated linearly; beyond its largest size it is
@@ -26,7 +29,8 @@ from ..errors import ConfigError
 COST_TABLES: dict[str, dict[int, float]] = {
     "hf-cpu": {1: 20.8, 2: 23.4, 4: 25.0, 8: 29.3, 16: 34.9, 32: 49.2, 64: 77.6},
     "hf-cpu-unpacked": {1: 46.0, 2: 43.9, 3: 57.4, 4: 55.1, 6: 72.5, 8: 77.7, 16: 99.0, 32: 132.7},
-    "llamacpp-cpu": {1: 7.2, 2: 12.2, 4: 16.2, 8: 25.3, 11: 31.9, 16: 45, 32: 85, 64: 165},
+    "llamacpp-cpu": {1: 5.4, 2: 11.2, 3: 15.7, 4: 16.6, 8: 25.8, 16: 43.0, 32: 79.0},
+    "llamacpp-cpu-old": {1: 7.2, 2: 12.2, 4: 16.2, 8: 25.3, 11: 31.9, 16: 45, 32: 85, 64: 165},
     "gpu-flat": {1: 10, 64: 11, 128: 13},
 }
 
