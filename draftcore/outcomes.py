@@ -10,14 +10,15 @@ candidate is accepted iff the sampled token is its token, so the event has the s
 
 The decode loop keeps one `ProposalOutcomes` per request. Each step whose drafter proposed
 candidates adds its proposal; once the request has emitted as many tokens as the proposal's deepest
-candidate needs (or the request ends, or too many are pending), the policy's optional
+candidate needs (or the request ends), the policy's optional
 
     observe_outcomes(tree, verified, outcome)
 
 is called: `tree` is the proposal's root and candidates (a window left out), its first `verified`
 candidates were verified (and already passed to `observe`), and `outcome` (int8, one per node of
 `tree`) is 1 where the node would have been accepted, 0 where not, -1 where the request ended
-before it could tell.
+before it could tell. At most 64 proposals wait (a step emits at least one token); past that the
+oldest goes untold. A request closed early (a client gone) tells nothing of what is pending.
 """
 from __future__ import annotations
 

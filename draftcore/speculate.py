@@ -8,6 +8,8 @@
       verifier.commit(path)                              the path's KV is kept, every other node's dropped
       request.observe(tree, tokens, path)                optional: the model's token at EVERY node
       emit path[1:] tokens + next; request.update(them); t = next
+      policy.observe_outcomes(...)                       optional: once the emitted tokens tell, what
+                                                         every proposed candidate would have done
     until eos / stop sequence / max_new_tokens
 
 (`request` is what `drafter.start(prompt)` returned: the request's own drafting state; a drafter
@@ -26,10 +28,10 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .budget import as_budget_policy
-from .outcomes import ProposalOutcomes
 from .checks import VerifierLimits, check_node_results, check_tree
 from .claims import BUDGET_ADVICE, DRAFTER_ADVICE, VERIFIER_ADVICE, Claim, serves_many
 from .errors import BackendError, ConfigError, InputError, describe
+from .outcomes import ProposalOutcomes
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams, as_sampling_params, make_rule
 from .session import Session
