@@ -315,9 +315,7 @@ class CostAwareBudget:
             # The verified prefix's uncorrected expectation, before it is learnt from. Only where the
             # loop reports outcomes: a correction learnt from verified trees alone could fall and
             # then never see the trees it stopped verifying come true.
-            cells = self._cells(tree, tree.n_candidates)
-            p = self._probability[cells]
-            p[0] = 1.0
+            p = self._probabilities(tree, tree.n_candidates)
             expected = self._kernels.expected_accepted(p, tree.parents, tree.n_candidates)[-1]
             self._learn_bias(float(expected), path.shape[0] - 1.0)
         i = self._entry(tree.n_candidates)
@@ -371,14 +369,18 @@ class CostAwareBudget:
     def _values(self, tree: DraftTree, n_draft: int, bias: float):
         """(menu sizes up to n_draft + 1 nodes, expected tokens per second of each, the bias
         correction applied), the tree's window priced in."""
-        p = np.empty(n_draft + 1)
-        p[0] = 1.0
-        p[1:] = self._probability[self._cells(tree, n_draft + 1)[1:]]
+        p = self._probabilities(tree, n_draft + 1)
         expected = self._kernels.expected_accepted(p, tree.parents, n_draft + 1)
         n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
         sizes = self.sizes[:n_menu]
         value = (1.0 + bias * expected[sizes - 1]) / self._estimated(tree.n_lookahead)[:n_menu]
         return sizes, value
+
+    def _probabilities(self, tree: DraftTree, m: int) -> np.ndarray:
+        """float64[m]: the calibrated acceptance of the tree's first m nodes (the root: 1)."""
+        p = self._probability[self._cells(tree, m)]   # a copy (fancy indexing)
+        p[0] = 1.0
+        return p
 
     def _observe_arm(self, arm: int, tokens: int, seconds: float) -> None:
         if self._step <= self.trial_every // 2:
