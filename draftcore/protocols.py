@@ -16,6 +16,9 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
     DraftRequest.lookahead_optional   bool  True: propose also takes `lookahead=False`, asking for
                                             no lookahead window this step (the budget policy's
                                             `wants_lookahead`; JacobiDrafter, CompositeDrafter)
+    DraftRequest.scores_estimate_acceptance  bool  True: its tree scores estimate acceptance (the
+                                            trie), so CompositeDrafter merges them as they are
+                                            rather than re-calibrating them
     Drafter.concurrent_requests  bool   True: concurrent requests may share it (below); speculate
                                         claims any drafter or budget policy that does not say so
 

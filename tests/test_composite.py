@@ -314,8 +314,9 @@ def test_merge_trees_matches_naive(seed):
 class FixedTreeRequest:
     """A source request that proposes a given tree (scores or not) and never learns."""
 
-    def __init__(self, tree):
+    def __init__(self, tree, at_word=False):
         self.tree = tree
+        self.scores_estimate_acceptance = at_word
 
     def propose(self, context, budget):
         return self.tree
@@ -330,11 +331,11 @@ class FixedTreeRequest:
 class FixedTreeDrafter:
     concurrent_requests = True
 
-    def __init__(self, tree):
-        self.tree = tree
+    def __init__(self, tree, at_word=False):
+        self.tree, self.at_word = tree, at_word
 
     def start(self, prompt):
-        return FixedTreeRequest(self.tree)
+        return FixedTreeRequest(self.tree, self.at_word)
 
 
 def random_source_tree(rng, root, with_scores):
@@ -351,12 +352,15 @@ def random_source_tree(rng, root, with_scores):
 def test_composite_merge_is_the_naive_merge_of_calibrated_priorities(seed):
     # The composite's one-kernel bookkeeping against the rule written out: each source's nodes
     # concatenated, a node's priority its source's calibrated rate at the node's score bin
-    # (DraftTree.score_bins, 0.5 ** depth for a tree without scores), merged by naive_merge_trees.
+    # (DraftTree.score_bins, 0.5 ** depth for a tree without scores), merged by naive_merge_trees;
+    # a source whose scores estimate acceptance (scores_estimate_acceptance) keeps its own scores.
     rng = np.random.default_rng(seed)
     root = 2
     for _ in range(60):
         trees = [random_source_tree(rng, root, with_scores=bool(rng.random() < 0.8)) for _ in range(2)]
-        drafter = CompositeDrafter(trie=FixedTreeDrafter(trees[0]), ngram=FixedTreeDrafter(trees[1]), jacobi=None)
+        at_word = [bool(rng.random() < 0.5) for _ in range(2)]
+        drafter = CompositeDrafter(trie=FixedTreeDrafter(trees[0], at_word[0]),
+                                   ngram=FixedTreeDrafter(trees[1], at_word[1]), jacobi=None)
         request = drafter.start(np.array([root], np.int32))
         request.accepted = rng.random(request.offered.shape) * request.offered
         budget = int(rng.integers(0, 25))
@@ -365,15 +369,17 @@ def test_composite_merge_is_the_naive_merge_of_calibrated_priorities(seed):
         if not drafted:
             assert len(merged) == 1
             continue
-        offset, tokens, parents, source, score_bin = 0, [], [], [], []
+        offset, tokens, parents, source, score_bin, priority = 0, [], [], [], [], []
         for i, t in drafted:
             tokens += t.tokens[1:].tolist()
             parents += [p - 1 + offset if p > 0 else -1 for p in t.parents[1:]]
             source += [i] * (len(t) - 1)
-            score_bin += t.score_bins(20, 1).tolist()
+            bins = t.score_bins(20, 1)
+            score_bin += bins.tolist()
+            own = t.scores[1:] if t.scores is not None else 0.5 ** t.depths[1:]
+            priority += own.tolist() if at_word[i] else (request.accepted / request.offered)[i, bins].tolist()
             offset += len(t) - 1
-        calibrated = (request.accepted / request.offered)[source, score_bin].astype(np.float32)
-        want = naive_merge_trees(root, tokens, parents, calibrated, source, budget)
+        want = naive_merge_trees(root, tokens, parents, np.array(priority, np.float32), source, budget)
         assert merged.tokens.tolist() == want[0] and merged.parents.tolist() == want[1]
         assert merged.depths.tolist() == want[2]
         assert merged.scores.tolist() == [float(x) for x in want[3]]
@@ -648,3 +654,18 @@ def test_a_window_narrower_than_its_levels_is_refused():
     with pytest.raises(ConfigError, match="^window: expected at least levels - 1 = 4"):
         JacobiDrafter(window=2, levels=5)
     JacobiDrafter(window=4, levels=5)  # the narrowest that harvests
+
+
+def test_the_tries_scores_pass_through_the_composite_unchanged():
+    # The trie's scores estimate acceptance (TrieRequest.scores_estimate_acceptance): the composite
+    # ranks and scores its nodes by them, whatever its calibration of the trie says.
+    prompt = np.array(PATTERN * 3, np.int32)
+    alone = TrieDrafter().start(prompt)
+    want = alone.propose(prompt, 12)
+    request = CompositeDrafter(ngram=None, jacobi=None).start(prompt)
+    request.offered[0, :], request.accepted[0, :] = 40.0, 4.0   # a calibration that would say 10 %
+    merged = request.propose(prompt, 12)
+    assert len(want) > 2
+    assert merged.tokens.tolist() == want.tokens.tolist() and merged.parents.tolist() == want.parents.tolist()
+    np.testing.assert_array_equal(merged.scores, want.scores)
+    alone.finish(), request.finish()

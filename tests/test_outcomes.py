@@ -215,12 +215,53 @@ def test_a_hopeless_proposal_skips_the_next_one():
     assert budget.request_size() > 0         # a proposal worth something skips nothing
 
 
-def test_a_caller_that_reports_no_outcomes_gets_no_bias_correction():
-    # Learnt from verified trees alone, the correction could fall and never see the trees it then
+def test_a_caller_that_reports_no_outcomes_gets_no_bias_or_gamble_correction():
+    # Learnt from verified trees alone, the corrections could fall and never see the trees it then
     # stopped verifying come true (llama-cpp-python's draft-model loop reports no outcomes).
     budget = CostAwareBudget()
     tree = DraftTree.chain(7, [1, 2, 3])
     tree.scores = np.array([1.0, 0.95, 0.95, 0.95], np.float32)
     for _ in range(50):
         budget.observe(tree, np.array([0], np.int32), 1.0)
-    assert budget.bias() == 1.0
+    assert budget.bias() == 1.0 and budget.gamble_correction() == 1.0
+
+
+def measured_chain_budget(cost):
+    """A budget that has measured `cost` (nodes -> seconds) and been told outcomes, never exploring,
+    and a 5-candidate chain it calibrates at 0.95 a node."""
+    budget = CostAwareBudget(trial_steps=0)
+    tree = DraftTree.chain(7, [1, 2, 3, 4, 5])
+    tree.scores = np.array([1.0, 0.95, 0.95, 0.95, 0.95, 0.95], np.float32)
+    for size, seconds in cost.items():
+        for _ in range(3):
+            budget.observe(tree.with_candidates(size - 1), np.arange(size, dtype=np.int32), seconds)
+    budget.observe_outcomes(tree, 5, np.ones(6, np.int8))
+    budget._next_explore = 1 << 30
+    return budget, tree
+
+
+def test_verified_trees_that_fall_short_lower_the_gamble_correction_to_its_floor_and_back():
+    cost = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 5: 3.0, 6: 3.5}
+    budget, tree = measured_chain_budget(cost)
+    assert budget.gamble_correction() == 1.0
+    for _ in range(100):
+        # the chains it verifies stop after one token of the five expected, while the chains it
+        # proposes and does not verify come true (so the calibration and the bias stay high)
+        budget.observe(tree.with_candidates(5), np.array([0, 1], np.int32), cost[6])
+        for _ in range(20):
+            budget.observe_outcomes(tree, 0, np.ones(6, np.int8))
+    assert budget.bias() > 0.9
+    assert budget.gamble_correction() == pytest.approx(budget._GAMBLE_FLOOR)
+    for _ in range(200):   # the verified ones come true again
+        budget.observe(tree.with_candidates(5), np.arange(6, dtype=np.int32), cost[6])
+    assert budget.gamble_correction() == 1.0
+
+
+def test_the_gamble_correction_scales_what_choose_expects():
+    # Calibration and bias say a 5-token chain pays (1 + about 4.9 tokens for 4.5 s against 1 token
+    # for 1 s); verified trees that delivered 0.6 of their estimate make it not pay (1 + 2.9 < 4.5).
+    budget, tree = measured_chain_budget({1: 1.0, 2: 4.5, 3: 4.5, 4: 4.5, 5: 4.5, 6: 4.5})
+    assert budget.bias() == 1.0 and budget.choose(tree) == 5
+    budget._gamble_expected, budget._gamble_accepted = 1000.0, 0.0
+    assert budget.gamble_correction() == budget._GAMBLE_FLOOR
+    assert budget.choose(tree) == 0

@@ -12,12 +12,13 @@ from .ngram_kernels import merge
 
 
 @nb.njit(cache=True)
-def merge_sources(tokens, parents, score_bin, lengths, source_ids, calibrated, budget, source, index,
-                  out_tokens, out_parents, out_depths, out_scores, out_sources, first_child, next_sibling,
+def merge_sources(tokens, parents, scores, score_bin, lengths, source_ids, at_word, calibrated, budget, source,
+                  index, out_tokens, out_parents, out_depths, out_scores, out_sources, first_child, next_sibling,
                   order_key, priority):
     """Merge trees, concatenated without their roots (tree t: `lengths[t]` nodes from source
     `source_ids[t]`, `parents` as the tree numbers its nodes, 0 for its root), into one tree of at
-    most `budget` candidates (ngram_kernels.merge). A node's priority is `calibrated[its source,
+    most `budget` candidates (ngram_kernels.merge). A node's priority is its own score where its
+    source's scores are acceptance estimates (`at_word[source]`), else `calibrated[its source,
     score_bin[node]]`. Fills source (each input node's) and index (its index in the result, -1
     where cut); out_*[0] is the root, its token set by the caller. Returns the node count, root
     included."""
@@ -29,7 +30,7 @@ def merge_sources(tokens, parents, score_bin, lengths, source_ids, calibrated, b
             p = parents[i]
             parents[i] = p - 1 + offset if p > 0 else -1   # index the concatenation; -1 under the root
             source[i] = s
-            priority[i] = calibrated[s, score_bin[i]]
+            priority[i] = scores[i] if at_word[s] else calibrated[s, score_bin[i]]
         offset += lengths[t]
     return merge(tokens, parents, priority, source, offset, budget, out_tokens, out_parents, out_depths,
                  out_scores, out_sources, first_child, next_sibling, index, order_key)
@@ -62,7 +63,9 @@ def warm_up() -> None:
     n, size = tokens.shape[0], tokens.shape[0] + 1
     source, index = np.zeros(n, np.int32), np.zeros(n, np.int32)
     out = np.zeros((4, size), np.int32)
-    m = merge_sources(tokens, parents, score_bin, lengths, np.array([1, 0], np.int32), calibrated, 3, source, index,
+    scores = np.array([0.9, 0.5, 0.8, 0.2], np.float32)
+    m = merge_sources(tokens, parents, scores, score_bin, lengths, np.array([1, 0], np.int32),
+                      np.array([True, False]), calibrated, 3, source, index,
                       out[0], out[1], out[2], out[3].view(np.float32), np.zeros(size, np.int32),
                       np.zeros(size, np.int32), np.zeros(size, np.int32), np.zeros(size, np.float32),
                       np.zeros(n, np.float32))

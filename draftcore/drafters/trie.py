@@ -284,6 +284,7 @@ class TrieRequest:
     (one thread at a time); a request dropped without `finish` is ended by the drafter's next call."""
 
     returns_valid_trees = True  # its trees are built valid by construction: speculate skips the check
+    scores_estimate_acceptance = True   # w(v) / w(u): a composite takes them at their word
 
     def __init__(self, drafter: TrieDrafter, core: "_RequestCore"):
         self._drafter, self._core = drafter, core
