@@ -13,9 +13,8 @@ budget's most optimistic picks), one rate per bin, they reached the budget on a 
 scale, and the budget's own calibration (every proposed candidate, from outcomes) did worse on it
 (replayed on HF CPU costs: MT-Bench 1.19x -> 1.24x with the trie's own scores). A node proposed
 by several sources gets the best of their priorities, and a child never outranks its parent, so
-the merged tree is best first and the
-budget policy may cut it anywhere; its scores are calibrated acceptance estimates, which is what
-the policy expects of a drafter's scores. On the recorded SmolLM2 traces with HF CPU costs this
+the merged tree is best first and the budget policy may cut it anywhere; its scores are
+acceptance estimates, which is what the policy expects of a drafter's scores. On the recorded SmolLM2 traces with HF CPU costs this
 took the composite's simulated speedup from 1.72x / 1.27x (one rate per source) to 1.81x / 1.36x
 (HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
 
@@ -166,9 +165,10 @@ class CompositeRequest:
         out_sources = np.empty(size, np.int32)
         source, index = np.empty(n, np.int32), np.empty(n, np.int32)
         m = self._K.merge_sources(tokens, parents, scores, score_bin, lengths, np.array(list(trees), np.int32),
-                                  self._at_word, self.accepted / self.offered, budget, source, index, out[0], out[1],
-                                  out[2], out[3].view(np.float32), out_sources, np.empty(size, np.int32),
-                                  np.empty(size, np.int32), np.empty(size, np.float32), np.empty(n, np.float32))
+                                  self._at_word, self.accepted / self.offered, budget, source, index,
+                                  out[0], out[1], out[2], out[3].view(np.float32), out_sources,
+                                  np.empty(size, np.int32), np.empty(size, np.int32), np.empty(size, np.float32),
+                                  np.empty(n, np.float32))
         out[0, 0] = root
         rows = out[:, :m].copy()
         tree = DraftTree(rows[0], rows[1], rows[2], rows[3].view(np.float32))
