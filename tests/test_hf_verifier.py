@@ -31,7 +31,7 @@ from transformers import DynamicCache, LlamaForCausalLM  # noqa: E402
 
 FP32_ATOL = 1e-4
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-ATTENTIONS = ["sdpa", "eager"]
+ATTENTIONS = ["sdpa", "eager", "draftcore_sdpa"]   # the last: gqa_attention.py, grouped heads under a mask
 
 
 # ------------------------------------------------------------------ helpers
@@ -771,3 +771,31 @@ def test_bench_load_tokenizer_reads_an_hf_folder(tmp_path):
     again = load_tokenizer(str(tmp_path))
     text = "def f(x):\n    return x"
     assert again.encode(text) == smollm2_tokenizer.encode(text)
+
+
+def test_grouped_sdpa_equals_transformers_sdpa_and_delegates_the_rest():
+    # draftcore_sdpa hands SDPA the grouped K/V heads under a mask instead of copies; same attention.
+    import torch
+    from draftcore.adapters.torch_hf.gqa_attention import grouped_sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class Layer(torch.nn.Module):
+        num_key_value_groups = 3
+        is_causal = True
+
+    gen = torch.Generator().manual_seed(0)
+    key, value = torch.randn(1, 2, 9, 8, generator=gen), torch.randn(1, 2, 9, 8, generator=gen)
+    for q_len, masked in ((4, True), (1, True), (4, False)):
+        query = torch.randn(1, 6, q_len, 8, generator=gen)
+        mask = None
+        if masked:   # an additive tree mask: each query sees the cache and a random subset of the rest
+            allowed = torch.rand(1, 1, q_len, 9, generator=gen) < 0.6
+            allowed[..., :5] = True
+            mask = torch.zeros(1, 1, q_len, 9).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        want, _ = sdpa_attention_forward(Layer(), query, key, value, mask, scaling=0.35)
+        got, _ = grouped_sdpa_attention_forward(Layer(), query, key, value, mask, scaling=0.35)
+        assert got.shape == want.shape == (1, q_len, 6, 8)
+        if masked and q_len > 1:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:   # transformers' own path, untouched
+            assert torch.equal(got, want)

@@ -11,8 +11,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       f"(pip install 'draftcore[hf]'): {exc}") from exc
 
 from .generate import speculative_generate
+from .gqa_attention import NAME as GROUPED_SDPA, register as _register_grouped_sdpa
 from .smollm2 import load_smollm2
 from .verifier import HFVerifier
 from .verifier_pool import release
 
-__all__ = ["HFVerifier", "load_smollm2", "speculative_generate", "release"]
+_register_grouped_sdpa()   # attn_implementation="draftcore_sdpa" (opt-in; gqa_attention.py)
+
+__all__ = ["HFVerifier", "load_smollm2", "speculative_generate", "release", "GROUPED_SDPA"]

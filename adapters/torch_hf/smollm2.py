@@ -28,7 +28,8 @@ def load_smollm2(dtype=None, device="cpu", attn_implementation: str = "sdpa", ca
     """(model, tokenizer): SmolLM2-135M-Instruct as a LlamaForCausalLM in eval mode on `device`.
 
     dtype: torch dtype of the weights (default torch.float32; the GGUF is Q4_1, dequantized once).
-    attn_implementation: "sdpa" or "eager" (both take draftcore's tree mask).
+    attn_implementation: "sdpa", "eager" or "draftcore_sdpa" (gqa_attention.py: sdpa without its KV
+        copies under a tree mask on a CPU); all take draftcore's tree mask.
     cache_dir: where the converted folder lives; default $DRAFTCORE_CACHE or ~/.cache/draftcore.
     """
     import torch

@@ -199,7 +199,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=names, default="hf" if "hf" in names else None, required="hf" not in names)
     p.add_argument("--model", help="model path (HF folder or GGUF); default: the backend's default model")
     p.add_argument("--dtype", help="weights' dtype (default: the backend's)")
-    p.add_argument("--attn", help="attention implementation, for backends that have a choice (hf: sdpa, eager)")
+    p.add_argument("--attn", help="attention implementation, for backends that have a choice "
+                                  "(hf: sdpa, eager, draftcore_sdpa)")
     p.add_argument("--device", help="default: the backend's (cpu)")
     p.add_argument("--max-new-tokens", type=int, default=128)
 
