@@ -37,6 +37,7 @@ def grouped_sdpa_attention_forward(module, query, key, value, attention_mask, dr
             or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    # No is_causal here: this path runs only under a mask, where transformers' sdpa sets it False too.
     output = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True)
     return output.transpose(1, 2).contiguous(), None
