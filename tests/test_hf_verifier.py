@@ -775,7 +775,6 @@ def test_bench_load_tokenizer_reads_an_hf_folder(tmp_path):
 
 def test_grouped_sdpa_equals_transformers_sdpa_and_delegates_the_rest():
     # draftcore_sdpa hands SDPA the grouped K/V heads under a mask instead of copies; same attention.
-    import torch
     from draftcore.adapters.torch_hf.gqa_attention import grouped_sdpa_attention_forward
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -6,8 +6,8 @@ transformers' `sdpa_attention_forward` passes `enable_gqa=True` only when there 
 with one (a draft tree's) it first expands K and V of the whole cache to every query head
 (`repeat_kv`: a copy per layer, per verify, that grows with the context). On SmolLM2-135M (9 query
 heads over 3 KV heads, fp32, 2 CPU cores; `python benchmarks/hf_verify_cost.py`, median ms of a
-verify) that copy made a 2-node tree cost 24.5 ms against one node's 21.5 at 200 tokens of context,
-32.6 against 27.2 at 1,000; grouped, 23.4 and 26.9.
+verify) that copy made a 2-node tree cost 27.5 ms against one node's 24.8 at 200 tokens of context,
+32.8 against 27.9 at 1,000; grouped, 26.0 and 29.5.
 
 Everything else goes to transformers' own function unchanged: a one-token decode, a prefill
 without a mask, a model without grouped heads, and any GPU (there torch's masked grouped SDPA falls
