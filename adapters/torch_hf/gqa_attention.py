@@ -13,7 +13,7 @@ Everything else goes to transformers' own function unchanged: a one-token decode
 without a mask, a model without grouped heads, and any GPU (there torch's masked grouped SDPA falls
 back to its math kernel, which is why transformers gates it). Registering the name adds an entry to
 transformers' attention registry (`AttentionInterface`, its extension point for this) and changes
-nothing of "sdpa"; a model uses it only when loaded with it (opt-in):
+nothing of "sdpa"; a model uses it only when loaded with it (`load_smollm2` does by default):
 
     AutoModelForCausalLM.from_pretrained(path, attn_implementation="draftcore_sdpa")
     load_smollm2(attn_implementation="draftcore_sdpa")

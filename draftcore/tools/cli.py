@@ -139,6 +139,9 @@ def _bench_command(args) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.max_new_tokens} new tokens"
+    loaded_attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(loaded_attn, str):   # what the backend's default resolved to (HF), not only what was asked
+        config["attn"] = loaded_attn
     for path in write_outputs(args.out, config, records, rows):
         print("wrote", path)
     return 0
@@ -200,7 +203,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model path (HF folder or GGUF); default: the backend's default model")
     p.add_argument("--dtype", help="weights' dtype (default: the backend's)")
     p.add_argument("--attn", help="attention implementation, for backends that have a choice "
-                                  "(hf: sdpa, eager, draftcore_sdpa)")
+                                  "(hf: draftcore_sdpa, the default for SmolLM2; sdpa, the default for --model; eager)")
     p.add_argument("--device", help="default: the backend's (cpu)")
     p.add_argument("--max-new-tokens", type=int, default=128)
 
