@@ -799,3 +799,19 @@ def test_grouped_sdpa_equals_transformers_sdpa_and_delegates_the_rest():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         else:   # transformers' own path, untouched
             assert torch.equal(got, want)
+
+
+def test_grouped_sdpa_leaves_plain_generate_bitwise_unchanged():
+    # load_smollm2's default must not move the baseline: generate's unmasked prefill and one-token
+    # decodes go to transformers' sdpa, so every logit is bitwise the one an sdpa model gives.
+    ids = torch.randint(2, 256, (1, 40), generator=torch.Generator().manual_seed(3))
+    outputs = []
+    for attn in ("sdpa", "draftcore_sdpa"):
+        model = tiny_llama(seed=0, attn_implementation=attn)
+        with torch.inference_mode():
+            outputs.append(model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                          do_sample=False, output_logits=True, return_dict_in_generate=True,
+                                          pad_token_id=1))
+    want, got = outputs
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(torch.equal(g, w) for g, w in zip(got.logits, want.logits))

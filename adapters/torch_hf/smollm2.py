@@ -32,7 +32,8 @@ def load_smollm2(dtype=None, device="cpu", attn_implementation: str = GROUPED_SD
     dtype: torch dtype of the weights (default torch.float32; the GGUF is Q4_1, dequantized once).
     attn_implementation: "draftcore_sdpa" (the default; gqa_attention.py: transformers' sdpa, except
         that a tree verify on a CPU groups SmolLM2's KV heads instead of copying the cache), "sdpa"
-        or "eager"; all take draftcore's tree mask and decode one token exactly as "sdpa".
+        or "eager"; all take draftcore's tree mask (draftcore_sdpa decodes one token, and prefills
+        without a mask, exactly as "sdpa": plain `generate` is unchanged).
     cache_dir: where the converted folder lives; default $DRAFTCORE_CACHE or ~/.cache/draftcore.
     """
     import torch
