@@ -28,3 +28,7 @@ def make_methods(model, tokenizer, names):
 
 def plain_greedy(model, tokenizer, prompt_ids, max_new_tokens):
     return model.greedy(prompt_ids, max_new_tokens)
+
+
+def model_settings(model):
+    return {"attn": "toy-attention"}   # the optional hook: what the bench's JSON records of the model

@@ -3,6 +3,7 @@ no adapter on its own."""
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 
@@ -130,3 +131,13 @@ def test_tooling_source_names_no_adapter_module():
     import draftcore.tools
     for path in pathlib.Path(draftcore.tools.__file__).parent.glob("*.py"):
         assert "draftcore.adapters" not in path.read_text(), path
+
+
+def test_bench_records_the_backends_model_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(backends, "_registered", {})
+    backends.register_backend("toy", "fake_backend")
+    prefix = tmp_path / "toy"
+    assert cli.main(["bench", "--backend", "toy", "--datasets", "d", "--n", "2", "--warmup", "0",
+                     "--max-new-tokens", "6", "--methods", "nodraft", "--out", str(prefix)]) == 0
+    config = json.loads((tmp_path / "toy.json").read_text())["config"]
+    assert config["attn"] == "toy-attention"   # what the backend loaded, though no --attn was given

@@ -16,6 +16,6 @@ from .smollm2 import load_smollm2
 from .verifier import HFVerifier
 from .verifier_pool import release
 
-_register_grouped_sdpa()   # attn_implementation="draftcore_sdpa" (opt-in; gqa_attention.py)
+_register_grouped_sdpa()   # attn_implementation="draftcore_sdpa" (load_smollm2's default; gqa_attention.py)
 
 __all__ = ["HFVerifier", "load_smollm2", "speculative_generate", "release", "GROUPED_SDPA"]

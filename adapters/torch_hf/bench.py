@@ -42,6 +42,7 @@ from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 
 from .generate import speculative_generate
+from .gqa_attention import NAME as GROUPED_SDPA
 from .head import decoder_of
 from .verifier import HFVerifier
 
@@ -59,10 +60,9 @@ def load_model(model_path: str | None, dtype: str = "float32", attn: str | None 
     torch_dtype = getattr(torch, dtype)
     if model_path is None:
         from .smollm2 import load_smollm2
-        return load_smollm2(dtype=torch_dtype, device=device, **({"attn_implementation": attn} if attn else {}))
-    attn = attn or "sdpa"
+        return load_smollm2(dtype=torch_dtype, device=device, attn_implementation=attn or GROUPED_SDPA)
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=attn,
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=attn or "sdpa",
                                                  local_files_only=True)
     return model.to(device).eval(), load_tokenizer(model_path)
 
@@ -84,6 +84,11 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     else:
         raise draftcore.InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
+
+
+def model_settings(model) -> dict:
+    """What the bench's JSON records of a loaded model beyond the options given: its attention."""
+    return {"attn": model.config._attn_implementation}
 
 
 def load_tokenizer(model_path: str | None = None):

@@ -14,9 +14,9 @@ scale, and the budget's own calibration (every proposed candidate, from outcomes
 (replayed on HF CPU costs: MT-Bench 1.19x -> 1.24x with the trie's own scores). A node proposed
 by several sources gets the best of their priorities, and a child never outranks its parent, so
 the merged tree is best first and the budget policy may cut it anywhere; its scores are
-acceptance estimates, which is what the policy expects of a drafter's scores. On the recorded SmolLM2 traces with HF CPU costs this
-took the composite's simulated speedup from 1.72x / 1.27x (one rate per source) to 1.81x / 1.36x
-(HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
+acceptance estimates, which is what the policy expects of a drafter's scores. On the recorded
+SmolLM2 traces with HF CPU costs this took the composite's simulated speedup from 1.72x / 1.27x
+(one rate per source) to 1.81x / 1.36x (HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
 
 The model's token at every verified candidate (`observe`) feeds the n-gram tables, whoever
 proposed the node, and the window's outputs feed the Jacobi pool. The window is attached whenever

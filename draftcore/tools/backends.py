@@ -7,6 +7,7 @@ A backend module offers the hooks `draftcore bench` and `draftcore record` call:
     make_methods(model, tokenizer, names) -> list[bench.Method]
     plain_greedy(model, tokenizer, prompt_ids, max_new_tokens) -> int32 output ids
     load_tokenizer(model_path=None) -> tokenizer        optional (canonical traces)
+    model_settings(model) -> dict                       optional (recorded in the bench's JSON)
 
 Backends are declared as entry points of the group "draftcore.backends" (draftcore's own in its
 pyproject.toml; another package can add one the same way), or registered at run time with

@@ -139,9 +139,8 @@ def _bench_command(args) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.max_new_tokens} new tokens"
-    loaded_attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if isinstance(loaded_attn, str):   # what the backend's default resolved to (HF), not only what was asked
-        config["attn"] = loaded_attn
+    if hasattr(backend, "model_settings"):   # what the backend's defaults resolved to, not only what was asked
+        config.update(backend.model_settings(model))
     for path in write_outputs(args.out, config, records, rows):
         print("wrote", path)
     return 0
