@@ -129,3 +129,17 @@ def test_record_then_replay_on_smollm2(tmp_path, capsys):
     traces = read_traces(out)
     assert len(traces) == 2 and all(t.output_ids.shape[0] == 12 for t in traces)
     assert cli.main(["replay", "--traces", str(out)]) == 0
+
+
+def test_fixed_budget_method_names_parse_any_drafter_and_refuse_what_the_verifier_cannot_take():
+    """"DRAFTER-fixedN" names a drafter with FixedBudget(N); anything else is not such a name."""
+    from draftcore.errors import ConfigError
+    from draftcore.tools.bench import fixed_budget_method
+
+    assert fixed_budget_method("trie-fixed16") == ("trie", 16)
+    assert fixed_budget_method("composite-nowindow-fixed5") == ("composite-nowindow", 5)
+    assert fixed_budget_method("trie-fixed0", max_draft=0) == ("trie", 0)
+    for name in ("trie", "nodraft", "draft-fixed5", "trie-fixed", "trie-fixed-1", "trie-fixed5x", "bare"):
+        assert fixed_budget_method(name) is None, name
+    with pytest.raises(ConfigError, match=r"'trie-fixed9'.*at most 8"):
+        fixed_budget_method("trie-fixed9", max_draft=8)

@@ -749,6 +749,23 @@ def test_bench_counts_every_forward_split_head_included():
     assert not _forward_hooks(model)
 
 
+def test_bench_runs_any_drafter_with_a_fixed_budget_by_name():
+    """"DRAFTER-fixedN": that drafter, FixedBudget(N): every step verifies at most N drafted nodes,
+    and the output is plain greedy's."""
+    from draftcore.adapters.torch_hf.bench import make_methods
+
+    model = tiny_llama(seed=0)
+    plain, ngram = make_methods(model, None, names=("plain", "ngram-fixed3"), eos_token_id=1)
+    assert ngram.name == "draftcore ngram (budget 3)"
+    block = np.random.default_rng(5).integers(2, model.config.vocab_size, 10)
+    prompt = np.r_[block, block, block[:4]].astype(np.int32)
+    got = ngram.run(prompt, 32)
+    np.testing.assert_array_equal(got.tokens, plain.run(prompt, 32).tokens)
+    assert max(got.budgets) == 3 and got.steps < len(got.tokens)
+    with pytest.raises(ConfigError, match="DRAFTER-fixedN"):
+        make_methods(model, None, names=("draft-fixed3",), eos_token_id=1)
+
+
 def test_bench_removes_its_hook_when_a_run_fails():
     from draftcore.adapters.torch_hf.bench import make_methods
 

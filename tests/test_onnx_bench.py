@@ -31,7 +31,7 @@ def loaded(tmp_path_factory):
 def test_every_method_equals_plain_greedy(loaded):
     backend, models, tokenizer = loaded
     names = ["plain", "plain_chain", "genai", "genai_ngram", "nodraft", "trie", "composite", "chain_trie",
-             "plain_gqa", "gqa_trie", "gqa_nodraft"]
+             "plain_gqa", "gqa_trie", "gqa_nodraft", "composite-fixed4"]
     methods = backend.make_methods(models, tokenizer, names, eos_token_id=[1])
     prompts = [Prompt("tiny", i, np.asarray(p, np.int32))
                for i, p in enumerate([[0, 300, 301, 302, 300, 301, 302], [0] + list(range(400, 420))])]

@@ -31,7 +31,7 @@ Methods (all greedy):
     trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's
                      prompts and a CostAwareBudget (tree size from measured verify cost and draft
                      confidence), both fresh for each dataset
-    trie-fixedN      the same trie with a fixed budget of N drafted nodes per step (e.g. trie-fixed4)
+    DRAFTER-fixedN   a drafter by name with a fixed budget of N drafted nodes per step (e.g. trie-fixed4)
     nodraft          draftcore with a budget of 0: one token per step through draftcore's loop
     ngram, jacobi, composite, ...
                      the other drafters by name (draftcore.DRAFTER_NAMES), each run as "trie" is
@@ -43,14 +43,13 @@ draftcore's verifier counts its own.
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 from draftcore.errors import ConfigError, InputError
@@ -219,15 +218,16 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
                 drafter=drafter)
     methods = []
     for name in names:
-        fixed = re.fullmatch(r"trie-fixed(\d+)", name)
-        if fixed and 0 <= int(fixed.group(1)) <= max_draft:
-            size = int(fixed.group(1))
-            methods.append(draftcore_method(f"draftcore trie (budget {size})", lambda size=size: size))
+        fixed = fixed_budget_method(name, max_draft)
+        if fixed is not None:
+            drafter, size = fixed
+            methods.append(draftcore_method(f"draftcore {drafter} (budget {size})", lambda size=size: size,
+                                            drafter=drafter))
         elif name in table:
             methods.append(table[name]())
         else:
             raise ConfigError(f"methods: unknown {name!r}; expected some of {sorted(table)} or "
-                              f"trie-fixedN with 0 <= N <= {max_draft}")
+                              f"DRAFTER-fixedN with 0 <= N <= {max_draft}")
     return methods
 
 

@@ -18,6 +18,7 @@ Methods (all greedy; the first named is the baseline):
                      ngram_size=GENAI_NGRAM_SIZE, max_draft_tokens=GENAI_MAX_DRAFT) on the same model
     trie, composite, ngram, jacobi, bare, nodraft
                      draftcore.speculate on the tree export (as in the other backends)
+    DRAFTER-fixedN   a drafter by name on the tree export with a fixed budget of N (e.g. trie-fixed5)
     chain_trie, chain_composite, chain_nodraft, ...
                      draftcore.speculate on the genai-built model in chain mode (one branch a step)
     gqa_trie, gqa_composite, gqa_nodraft, ...
@@ -34,7 +35,7 @@ import numpy as np
 
 import draftcore
 from draftcore.errors import ConfigError
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tree import DraftTree
 
@@ -134,9 +135,16 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
                                                                   draftcore.CostAwareBudget, d)
         table[f"gqa_{drafter}"] = lambda d=drafter: speculative(f"draftcore {d} (tree on rewired genai, auto budget)",
                                                                 "gqa", draftcore.CostAwareBudget, d)
+    for name in names:
+        fixed = fixed_budget_method(name)
+        if fixed is not None:
+            drafter, size = fixed
+            table[name] = lambda d=drafter, size=size: speculative(f"draftcore {d} (tree, budget {size})", "tree",
+                                                                   lambda: size, d)
     unknown = [n for n in names if n not in table]
     if unknown:
-        raise ConfigError(f"methods: unknown {unknown}; expected some of {sorted(table)}")
+        raise ConfigError(f"methods: unknown {unknown}; expected some of {sorted(table)} "
+                          f"or DRAFTER-fixedN (a drafter with a fixed budget of N, tree export)")
     return [table[n]() for n in names]
 
 

@@ -15,7 +15,8 @@ Methods (all on the same model object), greedy:
     trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's
                      prompts and a CostAwareBudget (tree size from measured step cost and draft
                      confidence): the README's recommended call, started afresh per dataset
-    trie-fixed16     the same trie with a fixed budget of 16 drafted nodes per step
+    DRAFTER-fixedN   a drafter by name (trie, composite, ...) with a fixed budget of N drafted nodes
+                     per step, carried across the dataset's prompts (e.g. trie-fixed16, trie-fixed5)
     ngram, ngram-paper, jacobi, jacobi-paper, composite, composite-nowindow
                      the other drafters by name (draftcore.DRAFTER_NAMES), each as "trie" is run:
                      carried across the dataset's prompts, with a CostAwareBudget
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_method
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 
@@ -169,7 +170,6 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "bare": lambda: bare_call_method("draftcore bare call", verifier, eos_token_id=eos,
                                          count_forwards=lambda: counter.count),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
-        "trie-fixed16": lambda: draftcore_method("draftcore trie (budget 16)", lambda: 16),
         "nodraft": lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0),
         **{name: (lambda name=name: draftcore_method(f"draftcore {name} (auto budget)", draftcore.CostAwareBudget,
                                                      drafter=name))
@@ -182,9 +182,16 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "trie_sample": lambda: draftcore_method("draftcore trie, sampling (auto budget)", draftcore.CostAwareBudget,
                                                 SAMPLING),
     }
+    for name in names:
+        fixed = fixed_budget_method(name)
+        if fixed is not None:
+            drafter, size = fixed
+            table[name] = lambda drafter=drafter, size=size: draftcore_method(
+                f"draftcore {drafter} (budget {size})", lambda: size, drafter=drafter)
     unknown = [n for n in names if n not in table]
     if unknown:
-        raise draftcore.ConfigError(f"methods: unknown {unknown}; expected some of {list(table)}")
+        raise draftcore.ConfigError(f"methods: unknown {unknown}; expected some of {list(table)} "
+                                    f"or DRAFTER-fixedN (a drafter with a fixed budget of N)")
     return [counter.counted(table[n]()) for n in names]
 
 

@@ -9,6 +9,7 @@ Interleaving matters on a noisy machine: a slow minute hurts every method alike 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -69,6 +70,26 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
                               sampling=_next_seed(sampling, seeds))
 
     return Method(name, run, reset, sampled=sampling is not None)
+
+
+def fixed_budget_method(name: str, max_draft: int | None = None) -> tuple[str, int] | None:
+    """(drafter, n) for a method name "DRAFTER-fixedN" (a drafter of DRAFTER_NAMES verifying up to
+    N drafted nodes every step, FixedBudget(N)), else None. A fixed size beside the auto budget shows
+    what the budget's choices cost or gain on this machine.
+
+    max_draft: the most drafted nodes the backend's verifier takes; a larger N is a ConfigError.
+    """
+    from ..drafters import DRAFTER_NAMES
+    from ..errors import ConfigError
+
+    match = re.fullmatch(r"(.+)-fixed(\d+)", name)
+    if match is None or match.group(1) not in DRAFTER_NAMES:
+        return None
+    n = int(match.group(2))
+    if max_draft is not None and n > max_draft:
+        raise ConfigError(f"methods: {name!r} drafts {n} nodes a step; this backend's verifier takes at most "
+                          f"{max_draft} (expected DRAFTER-fixedN with 0 <= N <= {max_draft})")
+    return match.group(1), n
 
 
 def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
