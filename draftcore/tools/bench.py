@@ -75,7 +75,9 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
 def fixed_budget_method(name: str, max_draft: int | None = None) -> tuple[str, int] | None:
     """(drafter, n) for a method name "DRAFTER-fixedN" (a drafter of DRAFTER_NAMES verifying up to
     N drafted nodes every step, FixedBudget(N)), else None. A fixed size beside the auto budget shows
-    what the budget's choices cost or gain on this machine.
+    what the budget's choices cost or gain on this machine. A drafter's lookahead window (jacobi,
+    composite) rides along whole with the N nodes, as FixedBudget keeps it: only the cost-aware budget
+    drops it where verify is not free (`composite-nowindow-fixedN` is the composite without one).
 
     max_draft: the most drafted nodes the backend's verifier takes; a larger N is a ConfigError.
     """
