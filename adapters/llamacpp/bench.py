@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_method
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 from draftcore.errors import ConfigError, InputError
@@ -216,19 +216,13 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
             table[drafter] = lambda drafter=drafter: draftcore_method(
                 f"draftcore {drafter} (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=max_draft),
                 drafter=drafter)
-    methods = []
-    for name in names:
-        fixed = fixed_budget_method(name, max_draft)
-        if fixed is not None:
-            drafter, size = fixed
-            methods.append(draftcore_method(f"draftcore {drafter} (budget {size})", lambda size=size: size,
-                                            drafter=drafter))
-        elif name in table:
-            methods.append(table[name]())
-        else:
-            raise ConfigError(f"methods: unknown {name!r}; expected some of {sorted(table)} or "
-                              f"DRAFTER-fixedN with 0 <= N <= {max_draft}")
-    return methods
+    table.update(fixed_budget_methods(names, lambda drafter, size: draftcore_method(
+        f"draftcore {drafter} (budget {size})", lambda: size, drafter=drafter), max_draft))
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ConfigError(f"methods: unknown {unknown}; expected some of {sorted(table)} or "
+                          f"DRAFTER-fixedN with 0 <= N <= {max_draft}")
+    return [table[n]() for n in names]
 
 
 def _lookup_class():

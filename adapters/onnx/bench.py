@@ -35,7 +35,7 @@ import numpy as np
 
 import draftcore
 from draftcore.errors import ConfigError
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_method
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tree import DraftTree
 
@@ -135,12 +135,8 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
                                                                   draftcore.CostAwareBudget, d)
         table[f"gqa_{drafter}"] = lambda d=drafter: speculative(f"draftcore {d} (tree on rewired genai, auto budget)",
                                                                 "gqa", draftcore.CostAwareBudget, d)
-    for name in names:
-        fixed = fixed_budget_method(name)
-        if fixed is not None:
-            drafter, size = fixed
-            table[name] = lambda d=drafter, size=size: speculative(f"draftcore {d} (tree, budget {size})", "tree",
-                                                                   lambda: size, d)
+    table.update(fixed_budget_methods(names, lambda d, size: speculative(
+        f"draftcore {d} (tree, budget {size})", "tree", lambda: size, d)))
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ConfigError(f"methods: unknown {unknown}; expected some of {sorted(table)} "

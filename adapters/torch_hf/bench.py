@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_method
+from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
 from draftcore.tools.bench import draftcore_method as bench_method
 from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
 
@@ -182,12 +182,8 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "trie_sample": lambda: draftcore_method("draftcore trie, sampling (auto budget)", draftcore.CostAwareBudget,
                                                 SAMPLING),
     }
-    for name in names:
-        fixed = fixed_budget_method(name)
-        if fixed is not None:
-            drafter, size = fixed
-            table[name] = lambda drafter=drafter, size=size: draftcore_method(
-                f"draftcore {drafter} (budget {size})", lambda: size, drafter=drafter)
+    table.update(fixed_budget_methods(names, lambda drafter, size: draftcore_method(
+        f"draftcore {drafter} (budget {size})", lambda: size, drafter=drafter)))
     unknown = [n for n in names if n not in table]
     if unknown:
         raise draftcore.ConfigError(f"methods: unknown {unknown}; expected some of {list(table)} "

@@ -94,6 +94,18 @@ def fixed_budget_method(name: str, max_draft: int | None = None) -> tuple[str, i
     return match.group(1), n
 
 
+def fixed_budget_methods(names, make_method: Callable[[str, int], Method],
+                         max_draft: int | None = None) -> dict[str, Callable[[], Method]]:
+    """{name: () -> Method} for every "DRAFTER-fixedN" among `names` (fixed_budget_method), the
+    method built by make_method(drafter, n): the entries a backend adds to its table of methods."""
+    table = {}
+    for name in names:
+        fixed = fixed_budget_method(name, max_draft)
+        if fixed is not None:
+            table[name] = lambda fixed=fixed: make_method(*fixed)
+    return table
+
+
 def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
                      count_forwards: Callable[[], int] | None = None) -> Method:
     """`draftcore.speculate(verifier, prompt)` with no drafter and no budget: what a user gets from
