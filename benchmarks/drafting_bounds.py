@@ -1,0 +1,59 @@
+"""Headroom on the recorded traces: tokens per step that no drafter of a family can beat
+(draftcore.tools.bounds), beside what the trie and the composite (without its window) reach in a
+replay at the same budgets, no model.
+
+A budget of N candidates can verify a chain N deep, so each bound is taken at max_draft = N. The
+bounds need no node budget beyond that: they are what a drafter that always guessed its family's
+best continuation would reach. Tokens per step do not depend on the machine's speed.
+
+    python benchmarks/drafting_bounds.py [--budgets 16,32,64]
+"""
+import argparse
+
+from _common import TRACES, TRACES_EOS, markdown_table, write_json
+
+from draftcore import CompositeDrafter, TrieDrafter
+from draftcore.tools.bounds import chain_bound, copy_bound, copy_or_frequent_bound
+from draftcore.tools.replay import replay
+from draftcore.tools.traces import read_traces
+
+VOCAB = 49152
+BOUNDS = {
+    "bound: copy what followed the last 2 tokens": lambda t, n: copy_bound(t, context=2, max_draft=n),
+    "bound: copy what followed the root": lambda t, n: copy_bound(t, max_draft=n),
+    "bound: copy, or one of the 64 most frequent tokens": lambda t, n: copy_or_frequent_bound(t, k=64, max_draft=n),
+    "bound: chained 3-grams": lambda t, n: chain_bound(t, n=3, max_draft=n),
+    "bound: chained 2-grams": lambda t, n: chain_bound(t, n=2, max_draft=n),
+}
+DRAFTERS = {
+    "trie without its frequent-token stage": lambda: TrieDrafter(token_limit=VOCAB, use_top=False),
+    "trie": lambda: TrieDrafter(token_limit=VOCAB),
+    "composite, no window": lambda: CompositeDrafter(token_limit=VOCAB, window=False),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budgets", default="16,32,64")
+    args = parser.parse_args()
+    traces = read_traces(TRACES)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    results = {}   # label -> budget -> dataset -> tokens per step
+    for label, bound in BOUNDS.items():
+        results[label] = {n: bound(traces, n) for n in budgets}
+    for label, make in DRAFTERS.items():
+        results[label] = {n: {d: s.tokens_per_step for d, s in
+                              replay(traces, make, budget=n, cost=None, eos_token_id=TRACES_EOS).items()}
+                          for n in budgets}
+    results["target: 1.1x the trie"] = {n: {d: 1.1 * v for d, v in results["trie"][n].items()} for n in budgets}
+    datasets = list(results["trie"][budgets[0]])
+    header = ["tokens per step"] + [f"{d} @{n}" for n in budgets for d in datasets]
+    rows = [[label] + [f"{results[label][n][d]:.2f}" for n in budgets for d in datasets] for label in results]
+    print(markdown_table(header, rows))
+    records = [{"what": label, "budget": n, "dataset": d, "tokens_per_step": v}
+               for label, by_budget in results.items() for n, by_set in by_budget.items() for d, v in by_set.items()]
+    print("\nwrote", write_json("drafting_bounds.json", records))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""How many tokens per step a family of drafters could reach at best on recorded traces.
+
+A replay (draftcore.tools.replay) says what one drafter does; these bounds say what no drafter of a
+family can beat, so a target can be checked against the headroom before a drafter is built for it.
+Each bound is an oracle that knows the recorded output and drafts, at every step, the longest
+continuation its family could have drafted from what was seen so far: the earlier traces' prompts
+and outputs, this prompt, and this output up to the step's root. The step then accepts that many
+tokens plus the model's own. Always taking the longest is optimal: the position a step reaches
+never decreases when it starts later, since a copy that reaches position p from an earlier start
+reaches p from any start inside it too, and the seen text only grows.
+
+    copy_bound(traces, context=1)   drafts that continue an occurrence of the context's last
+                                    `context` tokens (the root included) in the seen text: a trie,
+                                    prompt lookup, any retrieval of what followed a suffix
+    chain_bound(traces, n)          drafts that compose n-grams: each drafted token follows its own
+                                    last n - 1 tokens somewhere in the seen text (an n-gram table
+                                    feeding its predictions back, ANPD)
+    copy_or_frequent_bound(traces, k)   copy_bound(context=1), or where that drafts nothing, one
+                                    token among the k most frequent tokens seen so far (the trie's
+                                    last stage drafts the most frequent tokens, one token deep)
+
+Each takes `max_draft` (the deepest draft a step may verify) and returns {dataset: tokens per step},
+comparable with `replay(...)[dataset].tokens_per_step` of the traces in the same order.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..errors import InputError
+from ..validate import positive_int
+
+
+def copy_bound(traces, *, context: int = 1, max_draft: int = 64) -> dict[str, float]:
+    """Tokens per step of the best drafter whose drafts continue an occurrence of the last
+    `context` tokens in the seen text (module docstring)."""
+    context = positive_int("context", context)
+    return _run(traces, max_draft, lambda: _CopyOracle(context, 0))
+
+
+def copy_or_frequent_bound(traces, *, k: int = 64, max_draft: int = 64) -> dict[str, float]:
+    """copy_bound(context=1), plus: where that drafts nothing, one token if the next token is
+    among the `k` most frequent tokens seen so far."""
+    k = positive_int("k", k)
+    return _run(traces, max_draft, lambda: _CopyOracle(1, k))
+
+
+def chain_bound(traces, *, n: int = 2, max_draft: int = 64) -> dict[str, float]:
+    """Tokens per step of the best drafter whose drafted tokens each follow their own last n - 1
+    tokens somewhere in the seen text."""
+    n = positive_int("n", n, minimum=2)
+    return _run(traces, max_draft, lambda: _ChainOracle(n))
+
+
+def _run(traces, max_draft, make_oracle) -> dict[str, float]:
+    traces = list(traces)
+    if not traces:
+        raise InputError("traces: expected at least one Trace, got none")
+    max_draft = positive_int("max_draft", max_draft, minimum=0)
+    oracle = make_oracle()   # one for all traces: later traces see the earlier ones
+    totals: dict[str, list[int]] = {}
+    for trace in traces:
+        prompt, output = [int(t) for t in trace.prompt_ids], [int(t) for t in trace.output_ids]
+        oracle.start(prompt)
+        position, steps = 0, 0
+        while position < len(output):
+            # A step emits its accepted draft and one token of the model's, never past the output.
+            longest = min(max_draft, len(output) - 1 - position)
+            drafted = oracle.draft(output, position, longest)
+            oracle.accept(output[position:position + drafted + 1])
+            position += drafted + 1
+            steps += 1
+        oracle.finish()
+        total = totals.setdefault(trace.dataset, [0, 0])
+        total[0] += len(output)
+        total[1] += steps
+    return {dataset: tokens / steps for dataset, (tokens, steps) in totals.items()}
+
+
+def _text(tokens) -> str:
+    # Token ids as characters, so str.find does the substring search (ids are below 0x10FFFF - 0x100).
+    return "".join(chr(0x100 + t) for t in tokens)
+
+
+class _CopyOracle:
+    _SEPARATOR = "\x00"   # between traces: no copy runs from one trace into the next
+
+    def __init__(self, context: int, frequent: int):
+        self.context, self.frequent = context, frequent
+        self._done = ""          # the earlier traces, separated
+        self._current = ""       # this trace's prompt and output so far
+        self._counts: Counter = Counter()
+
+    def start(self, prompt) -> None:
+        self._current = _text(prompt)
+        self._counts.update(prompt)
+
+    def draft(self, output, position: int, longest: int) -> int:
+        seen = self._done + self._current
+        suffix = self._current[-self.context:]
+        future = _text(output[position:position + longest])
+        drafted = 0
+        while drafted < longest and seen.find(suffix + future[:drafted + 1]) >= 0:
+            drafted += 1
+        if drafted == 0 and longest > 0 and self.frequent and \
+                output[position] in {token for token, _ in self._counts.most_common(self.frequent)}:
+            drafted = 1
+        return drafted
+
+    def accept(self, tokens) -> None:
+        self._current += _text(tokens)
+        self._counts.update(tokens)
+
+    def finish(self) -> None:
+        self._done += self._current + self._SEPARATOR
+        self._current = ""
+
+
+class _ChainOracle:
+    def __init__(self, n: int):
+        self.n = n
+        self._grams: set[tuple[int, ...]] = set()
+        self._current: list[int] = []
+
+    def start(self, prompt) -> None:
+        self._current = []
+        self.accept(prompt)
+
+    def draft(self, output, position: int, longest: int) -> int:
+        text = self._current + list(output[position:position + longest])
+        start, n, drafted = len(self._current), self.n, 0
+        while drafted < longest and start + drafted >= n - 1 and \
+                tuple(text[start + drafted - n + 1:start + drafted + 1]) in self._grams:
+            drafted += 1
+        return drafted
+
+    def accept(self, tokens) -> None:
+        first = len(self._current)
+        self._current.extend(tokens)
+        for end in range(max(first, self.n - 1), len(self._current)):
+            self._grams.add(tuple(self._current[end - self.n + 1:end + 1]))
+
+    def finish(self) -> None:
+        self._current = []
