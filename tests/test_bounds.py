@@ -64,6 +64,8 @@ def test_bad_arguments_are_refused_by_name():
         copy_bound([trace([1], [2])], max_draft=-1)
     with pytest.raises(ConfigError, match="^k: "):
         copy_or_frequent_bound([trace([1], [2])], k=0)
+    with pytest.raises(InputError, match=r"d/0 output_ids holds ids in \[-1, 2\], expected ids in \[0, "):
+        chain_bound([trace([1], [2, -1])])
 
 
 @pytest.mark.parametrize("budget", [16, 64])

@@ -56,6 +56,11 @@ def _run(traces, max_draft, make_oracle) -> dict[str, float]:
     if not traces:
         raise InputError("traces: expected at least one Trace, got none")
     max_draft = positive_int("max_draft", max_draft, minimum=0)
+    for trace in traces:
+        for name, ids in (("prompt_ids", trace.prompt_ids), ("output_ids", trace.output_ids)):
+            if len(ids) and not 0 <= int(min(ids)) <= int(max(ids)) < _TOKEN_LIMIT:
+                raise InputError(f"traces: {trace.dataset}/{trace.idx} {name} holds ids in [{int(min(ids))}, "
+                                 f"{int(max(ids))}], expected ids in [0, {_TOKEN_LIMIT})")
     oracle = make_oracle()   # one for all traces: later traces see the earlier ones
     totals: dict[str, list[int]] = {}
     for trace in traces:
@@ -76,8 +81,11 @@ def _run(traces, max_draft, make_oracle) -> dict[str, float]:
     return {dataset: tokens / steps for dataset, (tokens, steps) in totals.items()}
 
 
+_TOKEN_LIMIT = 0x10FFFF - 0x100   # ids a character can hold, above the separator's range
+
+
 def _text(tokens) -> str:
-    # Token ids as characters, so str.find does the substring search (ids are below 0x10FFFF - 0x100).
+    # Token ids as characters, so str.find does the substring search.
     return "".join(chr(0x100 + t) for t in tokens)
 
 
