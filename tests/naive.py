@@ -24,6 +24,11 @@ import numpy as np
 F32 = np.float32
 HEAP_CAPACITY = 1 << 12  # draftcore.drafters.trie_kernels.CANDIDATES: most candidates kept at once
 TOP_K = 64              # draftcore.drafters.trie_kernels.TOP_K: stage-0 candidates
+CAL_EDGES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # trie_kernels.CAL_EDGES: relative-weight bins
+CAL_ROWS = 13           # trie_kernels.CAL_ROWS: context lengths 0 .. 12
+CAL_CAP = 1024.0        # trie_kernels.CAL_CAP: a cell's counts halve on reaching this
+CAL_PRIOR = 2.0         # trie_kernels.CAL_PRIOR: prior candidates per cell, at the bin's centre
+PENDING = 16            # trie.py's _PENDING: drafts a request remembers for the calibration
 
 
 # -- the trie ---------------------------------------------------------------------------------------
@@ -63,6 +68,7 @@ class NaiveRequest:
         self.stream = [int(t) for t in prompt]
         self.n_prompt = self.n_counted = len(self.stream)
         self.ended = False
+        self.proposals = []  # (stream length, (tokens, parents, depths, cells)) not learnt from yet
 
     def update(self, tokens) -> None:
         """Append tokens; like TrieRequest, they are counted at the next propose or at finish."""
@@ -80,13 +86,18 @@ class NaiveRequest:
     def propose(self, context, budget: int):
         assert not self.ended
         self.count()
-        return self.trie._propose(self, context, budget)
+        self.trie._learn(self, final=False)
+        draft = self.trie._draft(self, context, budget)
+        if self.trie.calibrated and len(context) == len(self.stream):
+            self.proposals.append((len(self.stream), (draft.tokens, draft.parents, draft.depths, draft.cells)))
+        return draft.as_tuple()
 
     def finish(self) -> None:
         if self.ended:
             return
         self.count()
         trie = self.trie
+        trie._learn(self, final=True)
         trie._end_request(self, self.stream, self.n_prompt if trie.insert_prompt else 0,
                           keep_prompt=not trie.eliminate_prompt)
         self.ended = True
@@ -112,7 +123,7 @@ class NaiveTrie:
     def __init__(self, capacity: int, branch_length: int, max_match: int = 8, prompt_weight: float = 16.0,
                  recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True, use_top: bool = True,
                  layout: str = "hierarchical", insert_prompt: bool = True, insert_output: bool = True,
-                 eliminate_prompt: bool = True, heap_capacity: int = HEAP_CAPACITY):
+                 eliminate_prompt: bool = True, heap_capacity: int = HEAP_CAPACITY, calibrate: bool = True):
         assert layout in ("hierarchical", "single")
         self.capacity, self.branch_length, self.max_match = capacity, branch_length, max_match
         self.prompt_weight, self.recent_weight = float(prompt_weight), float(recent_weight)
@@ -121,6 +132,11 @@ class NaiveTrie:
         self.insert_prompt, self.insert_output = insert_prompt, insert_output
         self.eliminate_prompt = eliminate_prompt
         self.heap_capacity = heap_capacity
+        self.calibrated = calibrate and fill and not self.single
+        edges = (0.0,) + CAL_EDGES + (1.0,)
+        # {(context length, bin): [candidates whose parent path came true, of them came true too]}
+        self.cal = {(m, b): [CAL_PRIOR, CAL_PRIOR * (edges[b] + edges[b + 1]) / 2]
+                    for m in range(CAL_ROWS) for b in range(len(CAL_EDGES) + 1)}
         self.root = Node(-1)
         self.n_nodes = 0
         self.n_prunes = 0
@@ -307,10 +323,16 @@ class NaiveTrie:
 
     # -- retrieval --------------------------------------------------------------------------------
     def _propose(self, request, context, budget: int):
-        """(tokens, parents, depths, scores) of the draft continuing `context` for `request`:
-        stages from the longest matched suffix down to 1 (then 0, the root's heaviest children,
-        with use_top)."""
+        """(tokens, parents, depths, scores) of the draft continuing `context` for `request`."""
+        return self._draft(request, context, budget).as_tuple()
+
+    def _draft(self, request, context, budget: int) -> "_Draft":
+        """The draft continuing `context` for `request`: stages from the longest matched suffix down
+        to 1 (then 0, the root's heaviest children, with use_top), one after another, or all at once
+        when calibrated."""
         context = [int(t) for t in context]
+        if self.calibrated:
+            return self._all_stages(request, context, budget)
         n = len(context)
         out = _Draft(context[-1])
         fallback = None
@@ -326,12 +348,99 @@ class NaiveTrie:
                 stage = _Draft(context[-1])
                 self._stage(request, matched, stage, budget)
                 if len(stage.tokens) - 1 >= self.min_stage_nodes:
-                    return stage.as_tuple()
+                    return stage
                 if len(stage.tokens) > 1 and fallback is None:
                     fallback = stage
             if self.single and len(out.tokens) > 1:
                 break  # one branch, from one stage
-        return (fallback or out).as_tuple()
+        return fallback or out
+
+    # -- calibrated retrieval ---------------------------------------------------------------------
+    def _cell(self, m_eff: int, ratio) -> tuple:
+        ratio = float(ratio)  # compared in float64, as the kernel does (a float32 0.02 is below 0.02)
+        return min(m_eff, CAL_ROWS - 1), sum(1 for edge in CAL_EDGES if ratio >= edge)
+
+    def _calibrated(self, score, m_eff: int, ratio):
+        """(score, cell): the parent's score times the cell's rate; 0 for a node of no weight."""
+        cell = self._cell(m_eff, ratio)
+        if ratio <= 0.0:
+            return F32(0.0), cell
+        offered, hits = self.cal[cell]
+        return F32(float(score) * (hits / offered)), cell
+
+    def _all_stages(self, request, context, budget: int) -> "_Draft":
+        """Every stage's first candidates in one list, scored by their cells' rates; best first,
+        ties by (draft parent, token, longer context); a taken node's children follow (not those
+        of stage 0)."""
+        n = len(context)
+        out = _Draft(context[-1])
+        candidates = []  # (score, draft parent, token, cell, trie node)
+
+        def order(c):
+            return (-c[0], c[1], c[2], -c[3][0], -c[3][1])
+
+        def offer(scored, node, draft_parent):
+            candidates.append((scored[0], draft_parent, node.token, scored[1], node))
+            if len(candidates) > self.heap_capacity:
+                candidates.remove(max(candidates, key=order))
+
+        for m in range(min(self.max_match, n), -1 if self.use_top else 0, -1):
+            if m == 0:
+                kids = list(self.root.children.values())
+                total = F32(sum(self.weight(c) for c in kids))
+                kids.sort(key=lambda c: (-self.weight(c), c.token))
+                for child in kids[:TOP_K]:
+                    if total > 0.0:
+                        offer(self._calibrated(F32(1.0), 0, F32(F32(self.weight(child)) / total)), child, 0)
+                continue
+            matched = self.find(context[n - m:])
+            if matched is None:
+                continue
+            w_matched = self.weight(matched, request)
+            if w_matched <= 0.0:
+                continue
+            for child in matched.listed_children():
+                offer(self._calibrated(F32(1.0), m, self.weight(child, request) / w_matched), child, 0)
+
+        while candidates and len(out.tokens) <= budget:
+            best = min(candidates, key=order)
+            candidates.remove(best)
+            score, draft_parent, token, cell, node = best
+            if score <= 0.0:
+                continue
+            d = out.find(draft_parent, token)
+            if d is None:
+                d = out.add(token, draft_parent, score, cell)
+            w_node = self.weight(node, request)
+            if w_node <= 0.0 or cell[0] == 0:
+                continue
+            for child in node.listed_children():
+                offer(self._calibrated(score, cell[0] + 1, self.weight(child, request) / w_node), child, d)
+        return out
+
+    def _learn(self, request, final: bool) -> None:
+        """What became of the request's remembered drafts, once the stream settles them (all when
+        final; the oldest as it stands while more than PENDING wait): a node whose parent's path
+        came true counts in its cell, and as a hit when its own token came true too."""
+        stream = request.stream
+        while request.proposals:
+            pos, (tokens, parents, depths, cells) = request.proposals[0]
+            known = len(stream) - pos
+            if not (final or len(request.proposals) > PENDING) and any(d > known for d in depths[1:]):
+                return
+            request.proposals.pop(0)
+            came_true = [True] + [False] * (len(tokens) - 1)
+            for i in range(1, len(tokens)):
+                if not came_true[parents[i]] or depths[i] > known:
+                    continue
+                hit = stream[pos + depths[i] - 1] == tokens[i]
+                counts = self.cal[cells[i]]
+                counts[0] += 1.0
+                counts[1] += 1.0 if hit else 0.0
+                if counts[0] >= CAL_CAP:
+                    counts[0] *= 0.5
+                    counts[1] *= 0.5
+                came_true[i] = hit
 
     def _stage(self, request, matched, out, budget) -> None:
         """Best-first over the sub-trie below `matched`: a child of the matched node scores
@@ -386,6 +495,7 @@ class NaiveTrie:
 class _Draft:
     def __init__(self, root: int):
         self.tokens, self.parents, self.depths, self.scores = [root], [-1], [0], [F32(1.0)]
+        self.cells = [None]  # calibration cells (None: uncalibrated)
 
     def find(self, parent, token):
         for j in range(len(self.tokens)):
@@ -393,7 +503,8 @@ class _Draft:
                 return j
         return None
 
-    def add(self, token, parent, score) -> int:
+    def add(self, token, parent, score, cell=None) -> int:
+        self.cells.append(cell)
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)

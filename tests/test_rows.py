@@ -21,7 +21,8 @@ OPTIONS = dict(max_draft=6, token_cost=0.05, tree_nodes=16, memory=50.0)
 def make_pair(max_rows, max_len, capacity=1 << 12, by_row=False, **options):
     options = {**OPTIONS, **options}
     fast = RowDrafter(max_rows=max_rows, max_len=max_len, token_limit=VOCAB, capacity=capacity, **options)
-    slow = NaiveRowDrafter(TrieDrafter(capacity=capacity, token_limit=VOCAB, max_requests=max_rows),
+    # rows draft with the trie's plain scores (RowDrafter), so the per-request twin's trie does too
+    slow = NaiveRowDrafter(TrieDrafter(capacity=capacity, token_limit=VOCAB, max_requests=max_rows, calibrate=False),
                            max_rows=max_rows, max_len=max_len, by_row=by_row, **options)
     return fast, slow
 

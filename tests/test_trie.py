@@ -37,6 +37,7 @@ def random_params(rng, layouts=("hierarchical", "single")):
         min_stage_nodes=int(rng.integers(1, 9)),
         fill=bool(rng.random() < 0.5),
         use_top=bool(rng.random() < 0.5),
+        calibrate=bool(rng.random() < 0.5),
         layout=str(rng.choice(layouts)),
     )
     token_limit = vocab if rng.random() < 0.5 else vocab + int(rng.integers(1, 50))
@@ -130,7 +131,7 @@ def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op
                 # (the list lives in the middle of its workspace and holds at most half of it)
                 mine._core.buffers = mine._core.buffers._replace(
                     cand_scores=np.empty(2 * heap_capacity, np.float32),
-                    cand_items=np.empty((2 * heap_capacity, 3), np.int32))
+                    cand_items=np.empty((2 * heap_capacity, 4), np.int32))
                 naive.heap_capacity = heap_capacity
             requests[op[1]] = (mine, naive.open(op[2]))
         elif kind == "update":
@@ -377,7 +378,7 @@ def test_without_elimination_prompt_counts_become_output_counts():
 
 
 def test_stage_zero_drafts_the_most_frequent_tokens():
-    d = TrieDrafter(capacity=1000, branch_length=2, token_limit=10, use_top=True, prompt_weight=1.0)
+    d = TrieDrafter(capacity=1000, branch_length=2, token_limit=10, use_top=True, prompt_weight=1.0, calibrate=False)
     d.warm_up([[1, 1, 1, 2, 2, 3]])
     tree = d.propose(np.array([9], np.int32), 2)  # 9 was never seen: only stage 0 offers anything
     assert tree.tokens.tolist() == [9, 1, 2] and tree.parents.tolist() == [-1, 0, 0]
@@ -492,12 +493,74 @@ def test_a_candidate_dropped_for_lack_of_room_is_missed_after_a_merge():
 
 
 def test_retrieval_prefers_the_frequent_continuation_and_scores_are_ratios():
-    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, prompt_weight=1.0)
+    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, prompt_weight=1.0, calibrate=False)
     d.warm_up([[1, 2, 3] * 3 + [1, 2, 4]])
     tree = d.propose(np.array([7, 1, 2], np.int32), 8)
     # (1,2) seen 4 times, followed by 3 three times, by 4 once
     assert tree.tokens[:3].tolist() == [2, 3, 4]
     np.testing.assert_allclose(tree.scores[:3], [1.0, 0.75, 0.25])
+
+
+# -- calibrated retrieval -----------------------------------------------------------------------------
+def _two_stage_trie(**options):
+    """Context (X, Y): stage 2 offers A and C at 0.5 each; stage 1, (Y), offers D at 10 / 14."""
+    X, Y, A, C, D = 1, 2, 3, 4, 5
+    d = TrieDrafter(capacity=1000, branch_length=3, max_match=2, token_limit=10, use_top=False, **options)
+    d.warm_up([[X, Y, A]] * 2 + [[X, Y, C]] * 2 + [[Y, D]] * 10)
+    return d, (X, Y, A, C, D)
+
+
+def test_calibrated_retrieval_ranks_every_stage_together():
+    """Uncalibrated, the longest stage drafts first whatever its weights; calibrated (the prior
+    alone: each bin's centre, whatever the context length) D at 0.71 outranks A and C at 0.5."""
+    plain, (X, Y, A, C, D) = _two_stage_trie(calibrate=False)
+    assert plain.propose(np.array([X, Y], np.int32), 1).tokens.tolist() == [Y, A]
+    calibrated, _ = _two_stage_trie()
+    tree = calibrated.propose(np.array([X, Y], np.int32), 3)
+    assert tree.tokens.tolist() == [Y, D, A, C]
+    # bins [0.7, 0.9) and [0.5, 0.7): the prior's centres
+    np.testing.assert_allclose(tree.scores, [1.0, 0.8, 0.6, 0.6], rtol=1e-6)
+
+
+def test_calibration_learns_what_came_true_per_context_length():
+    """A request drafts [Y, D, A, C] (D from the 1-token match, A and C from the 2-token one), then
+    emits A: D and C count as misses and A as a hit in their cells; A's continuation was not
+    drafted. Taught often enough, the 2-token stage's A outranks D. (The requests' prompts and
+    outputs weigh and add nothing, so only the calibration changes.)"""
+    K = __import__("draftcore.drafters.trie_kernels", fromlist=["x"])
+    d, (X, Y, A, C, D) = _two_stage_trie(prompt_weight=0.0, insert_output=False)
+    prior = d._state.cal.copy()
+    cell_d, cell_ac = 1 * K.CAL_BINS + 7, 2 * K.CAL_BINS + 6   # (m=1, [0.7, 0.9)), (m=2, [0.5, 0.7))
+    r = d.start(np.array([X, Y], np.int32))
+    r.propose(np.array([X, Y], np.int32), 3)
+    r.update(np.array([A], np.int32))
+    r.propose(np.array([X, Y, A], np.int32), 0)   # learns from the first draft: every node is settled
+    learnt = np.zeros_like(prior)
+    learnt[:, cell_d] = [1.0, 0.0]
+    learnt[:, cell_ac] = [2.0, 1.0]
+    np.testing.assert_allclose(d._state.cal, prior + learnt, rtol=0, atol=1e-12)
+    r.finish()
+    for _ in range(20):   # X Y always continues with A: D keeps missing, A keeps coming true
+        r = d.start(np.array([X, Y], np.int32))
+        r.propose(np.array([X, Y], np.int32), 3)
+        r.update(np.array([A], np.int32))
+        r.finish()   # learns from what the stream settled
+    assert d.propose(np.array([X, Y], np.int32), 1).tokens.tolist() == [Y, A]
+
+
+def test_calibration_leaves_other_contexts_and_the_paper_alone():
+    """A draft of some other context than the stream teaches nothing (its outcome is not in the
+    stream); the paper's configuration and the single layout do not calibrate."""
+    d, (X, Y, A, C, D) = _two_stage_trie()
+    prior = d._state.cal.copy()
+    r = d.start(np.array([X, Y], np.int32))
+    r.propose(np.array([7, X, Y], np.int32), 3)
+    r.update(np.array([A], np.int32))
+    r.finish()
+    np.testing.assert_array_equal(d._state.cal, prior)
+    assert not TrieDrafter.paper().calibrate
+    single, _ = _two_stage_trie(layout="single")
+    assert single.propose(np.array([X, Y], np.int32), 1).tokens.tolist()[1] in (A, C)
 
 
 # -- save / load ------------------------------------------------------------------------------------

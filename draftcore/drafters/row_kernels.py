@@ -318,7 +318,7 @@ def warm_up() -> None:
     state = T.new_state(256, 16, 2)
     state.live[:] = True
     settings = T.Settings(max_match=3, prompt_weight=2.0, recent_weight=2.0, min_stage_nodes=2, fill=True,
-                          use_top=True, mode=T.MODE_HIERARCHICAL)
+                          use_top=True, mode=T.MODE_HIERARCHICAL, calibrated=False)
     table = new_table(2, 2, 32, 4, 4, np.arange(2, dtype=np.int64))
     calib = new_calibration()
     rs = RowSettings(max_draft=4, tree_nodes=8, token_cost=0.1, row_cost=0.2, keep=0.999, token_limit=16,

@@ -114,6 +114,9 @@ class RowDrafter:
                                        row_cost=self.row_cost, keep=keep, token_limit=self.token_limit,
                                        explore=self.explore)
         self._buffers = T.new_buffers(self.tree_nodes)
+        # Rows draft with the trie's plain scores: its calibration learns from TrieRequests' own
+        # proposals, which an engine's rows are not (they keep a calibration of their own).
+        self._trie_settings = drafter._settings._replace(calibrated=False)
         self._out_tokens = np.zeros((self.max_rows, self.max_draft), np.int32)
         self._out_len = np.zeros(self.max_rows, np.int32)
         self._busy = threading.Lock()
@@ -144,7 +147,7 @@ class RowDrafter:
         try:
             with drafter._lock:
                 drafter._end_abandoned()
-                refused = self._K.step_rows(drafter._state, drafter._settings, self._table, self._calibration,
+                refused = self._K.step_rows(drafter._state, self._trie_settings, self._table, self._calibration,
                                             self._settings, self._buffers, rows, n_tokens, active, limits,
                                             self._out_tokens, self._out_len)
         finally:
@@ -170,7 +173,7 @@ class RowDrafter:
     def reset_requests(self) -> None:
         """End every tracked request (what they generated stays in the trie)."""
         with self.drafter._lock:
-            self._K.end_all(self.drafter._state, self.drafter._settings, self._table)
+            self._K.end_all(self.drafter._state, self._trie_settings, self._table)
 
     def close(self) -> None:
         """End every tracked request and give the trie's request slots back; idempotent."""

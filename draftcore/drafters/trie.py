@@ -19,6 +19,10 @@ restore with `load`.
     min_stage_nodes    8         paper mode: a stage offering fewer nodes falls to a shorter suffix
     fill               True      shorter suffixes keep filling the budget (merged, deduplicated)
     use_top            True      a last stage drafts the most frequent tokens when nothing else fits
+    calibrate          True      score candidates by how often such candidates came true (per context
+                                 length and relative-weight bin, learnt from this drafter's own
+                                 proposals) and rank all stages together (trie_kernels, "Calibrated
+                                 retrieval"); with fill and the hierarchical or parallel layout
     layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
     token_limit        262144    token ids must be below this (size of the root index)
     max_requests       32        requests in progress at once; the first 4 keep their own counts in
@@ -52,6 +56,7 @@ _SAVED_ARRAYS = ("links", "freq", "free", "root", "meta")  # the TrieState field
 _DEFAULT_BUDGET = 64  # draft buffers are sized for this many nodes until a larger budget comes
 _FIRST_SLOTS = 4      # request slots allocated up front; more (up to max_requests) as requests arrive
 _FILE_OPTIONS = ("capacity", "branch_length", "token_limit")  # what `load` takes from the file
+_PENDING = 16         # drafts a request remembers for the calibration; an older one is judged as it stands
 
 
 def _setting(name: str) -> property:
@@ -69,10 +74,11 @@ class TrieDrafter:
     min_stage_nodes = _setting("min_stage_nodes")
     fill = _setting("fill")
     use_top = _setting("use_top")
+    calibrate = _setting("calibrated")
 
     def __init__(self, *, capacity: int = 1 << 18, branch_length: int = 24, max_match: int = 8,
                  prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
-                 use_top: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
+                 use_top: bool = True, calibrate: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
                  max_requests: int = 32, insert_prompt: bool = True, insert_output: bool = True,
                  eliminate_prompt: bool = True):
         K = self._K = kernels(_KERNELS)
@@ -88,7 +94,7 @@ class TrieDrafter:
             recent_weight=positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True),
             min_stage_nodes=positive_int("min_stage_nodes", min_stage_nodes),
             fill=bool(fill), use_top=bool(use_top),
-            mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL)
+            mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL, calibrated=bool(calibrate))
         if layout not in LAYOUTS:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
@@ -105,8 +111,9 @@ class TrieDrafter:
     @classmethod
     def paper(cls, **options) -> "TrieDrafter":
         """The paper's configuration: branch length 12, one retrieval stage, prompt branches
-        weighted, output branches not boosted, no stage 0."""
-        config = dict(branch_length=12, fill=False, use_top=False, recent_weight=0.0, prompt_weight=16.0)
+        weighted, output branches not boosted, no stage 0, no calibration."""
+        config = dict(branch_length=12, fill=False, use_top=False, recent_weight=0.0, prompt_weight=16.0,
+                      calibrate=False)
         config.update(options)
         return cls(**config)
 
@@ -267,6 +274,8 @@ class TrieDrafter:
     def _end(self, core: "_RequestCore") -> None:
         """Branch eliminating for one request; frees its slot."""
         self._count(core)
+        if core.proposals:
+            core.learn(self._state, final=True)
         self._K.end_request(self._state, self._settings, core.stream(), core.cursor, not self.eliminate_prompt)
         self._state.live[core.slot] = False
         core.ended = True
@@ -292,6 +301,7 @@ class TrieRequest:
         # What every step reads, looked up once (a step's host work is a few µs; lookups add up).
         self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
         self._token_limit, self._settings, self._layout = drafter.token_limit, drafter._settings, drafter.layout
+        self._calibrating = drafter.calibrate and drafter.fill and drafter.layout != "single"
 
     def __repr__(self) -> str:
         core = self._core
@@ -322,9 +332,14 @@ class TrieRequest:
         with self._lock:
             if self._abandoned:
                 self._drafter._end_abandoned()
+            if core.proposals:
+                core.learn(self._drafter._state, final=False)
             n = self._step(self._drafter._state, self._settings, core.stream(), core.cursor, buffers, context, budget)
             core.n_counted = core.n_stream
-        return core.tree(n, self._layout, budget)  # from this request's own buffers, outside the lock
+        tree = core.tree(n, self._layout, budget)  # from this request's own buffers, outside the lock
+        if self._calibrating and context.shape[0] == core.n_stream:
+            core.remember(n)   # a draft of the stream itself: its outcome will show in the stream
+        return tree
 
     def finish(self) -> None:
         """Branch eliminating: drop this request's own prompt counts (output counts persist);
@@ -356,6 +371,8 @@ class _RequestCore:
         self.count_output = drafter.insert_output
         self.buffers = K.new_buffers(_DEFAULT_BUDGET)
         self.make_stream = K.Stream
+        self.learn_kernel = K.learn
+        self.proposals: collections.deque = collections.deque()   # (stream length, draft rows) not yet learnt from
         self.ended = False
 
     def append(self, tokens: np.ndarray) -> None:
@@ -378,6 +395,23 @@ class _RequestCore:
         # The four output buffers are rows of one block (new_buffers): one copy, then row views.
         rows = b.tokens.base[:, :n].copy()
         return DraftTree(rows[0], rows[1], rows[2], rows[3].view(np.float32))
+
+    def remember(self, n: int) -> None:
+        """Keep the draft just written to the buffers (n nodes), to learn from once the stream shows
+        what became of it (`learn`, at the next propose)."""
+        self.proposals.append((self.n_stream, self.buffers.tokens.base[:, :n].copy()))
+
+    def learn(self, state, final: bool) -> None:
+        """Teach the calibration (`state.cal`, shared: the caller holds the drafter's lock) what
+        became of the remembered drafts the stream now settles: all of them when `final`, and the
+        oldest as it stands when more than _PENDING wait (a long chain may take many steps)."""
+        stream = self.tokens[:self.n_stream]
+        while self.proposals:
+            pos, rows = self.proposals[0]
+            if not self.learn_kernel(state, stream, pos, rows[0], rows[1], rows[2], rows[4],
+                                     final or len(self.proposals) > _PENDING):
+                break
+            self.proposals.popleft()
 
     def stream(self):
         """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),
