@@ -129,7 +129,8 @@ class DraftRequest(Protocol):
         """
 
     def update(self, tokens: np.ndarray) -> None:
-        """`tokens` (int32[k]) were just accepted and appended to the context."""
+        """`tokens` (int32[k]) were just accepted and appended to the context; called with every
+        emitted token, the last step's too (before `finish`)."""
 
     def finish(self) -> None:
         """The request ended: drop its own state (its prompt branches, nobody else's), keep what

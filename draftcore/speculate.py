@@ -282,11 +282,15 @@ def _decode(verifier, prompt, max_new_tokens, limits, drafter, policy, rule, sto
         context[n_context:n_context + emitted.shape[0]] = emitted
         n_context += emitted.shape[0]
         stats.new_tokens = n_context - n_prompt
-        if stop_reason is not None and outcomes is not None:
-            outcomes.settle(context, n_context, final=True)   # before the last yield: a caller may stop there
-        yield emitted
         if stop_reason is not None:
+            # The drafter sees the output whole (the trie counts its last tokens, its calibration
+            # the last draft's hits), before the last yield: a caller may stop there.
+            request.update(emitted)
+            if outcomes is not None:
+                outcomes.settle(context, n_context, final=True)
+            yield emitted
             break
+        yield emitted
         rule.update(emitted)
         t0 = clock()
         request.update(emitted)

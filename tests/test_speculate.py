@@ -194,6 +194,8 @@ def run_lossless(kind, req, verifier_cls=ToyVerifier, layout="hierarchical"):
     check_result(result, expected, reason, verifier, budget)
     if isinstance(drafter, _Base):
         assert drafter.started == drafter.finished == 1
+        # update saw the whole output, its last step's tokens too (a trie counts them)
+        assert drafter.seen == list(prompt) + result.tokens.tolist()
     return result
 
 

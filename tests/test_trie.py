@@ -559,6 +559,9 @@ def test_calibration_leaves_other_contexts_and_the_paper_alone():
     r.finish()
     np.testing.assert_array_equal(d._state.cal, prior)
     assert not TrieDrafter.paper().calibrate
+    # `calibrate` says whether the calibration applies: with fill and a non-single layout only
+    assert TrieDrafter(layout="parallel").calibrate
+    assert not TrieDrafter(fill=False).calibrate and not TrieDrafter(layout="single").calibrate
     single, _ = _two_stage_trie(layout="single")
     assert single.propose(np.array([X, Y], np.int32), 1).tokens.tolist()[1] in (A, C)
 

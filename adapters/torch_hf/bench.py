@@ -25,6 +25,7 @@ and the "identical" column means nothing for them):
     plain_sample          model.generate(do_sample=True)
     prompt_lookup_sample  model.generate(do_sample=True, prompt_lookup_num_tokens=10)
     trie_sample           draftcore.speculate(sampling=SAMPLING), trie + CostAwareBudget as "trie"
+    DRAFTER_sample        the same with another drafter by name (trie-uncalibrated_sample, composite_sample, ...)
 Steps are counted with a forward hook on the decoder (a public torch API; nothing is patched),
 registered for the duration of each run only: no hook stays on the caller's model.
 """
@@ -179,8 +180,9 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "prompt_lookup_sample": lambda: Method("transformers prompt lookup, sampling",
                                                lambda p, n: generate(p, n, do_sample=True, prompt_lookup_num_tokens=10),
                                                sampled=True),
-        "trie_sample": lambda: draftcore_method("draftcore trie, sampling (auto budget)", draftcore.CostAwareBudget,
-                                                SAMPLING),
+        **{f"{name}_sample": (lambda name=name: draftcore_method(f"draftcore {name}, sampling (auto budget)",
+                                                                draftcore.CostAwareBudget, SAMPLING, drafter=name))
+           for name in draftcore.DRAFTER_NAMES},
     }
     table.update(fixed_budget_methods(names, lambda drafter, size: draftcore_method(
         f"draftcore {drafter} (budget {size})", lambda: size, drafter=drafter)))

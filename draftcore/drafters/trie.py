@@ -22,7 +22,8 @@ restore with `load`.
     calibrate          True      score candidates by how often such candidates came true (per context
                                  length and relative-weight bin, learnt from this drafter's own
                                  proposals) and rank all stages together (trie_kernels, "Calibrated
-                                 retrieval"); with fill and the hierarchical or parallel layout
+                                 retrieval"); it applies with fill and the hierarchical or
+                                 parallel layout only, and `drafter.calibrate` says whether it does
     layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
     token_limit        262144    token ids must be below this (size of the root index)
     max_requests       32        requests in progress at once; the first 4 keep their own counts in
@@ -87,16 +88,18 @@ class TrieDrafter:
         if self.capacity <= 2 * self.branch_length:
             raise ConfigError(f"capacity: expected more than 2 * branch_length = {2 * self.branch_length} "
                               f"nodes (one token may create branch_length nodes), got {capacity}")
-        # Plain int / float / bool fields: the types warm_up compiled the kernels for.
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        # Plain int / float / bool fields: the types warm_up compiled the kernels for. `calibrated`
+        # is resolved here, once: the kernels, requests and replay read only this flag.
         self._settings = K.Settings(
             max_match=positive_int("max_match", max_match),
             prompt_weight=positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True),
             recent_weight=positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True),
             min_stage_nodes=positive_int("min_stage_nodes", min_stage_nodes),
             fill=bool(fill), use_top=bool(use_top),
-            mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL, calibrated=bool(calibrate))
-        if layout not in LAYOUTS:
-            raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+            mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL,
+            calibrated=bool(calibrate) and bool(fill) and layout != "single")
         self.layout = layout
         self.token_limit = positive_int("token_limit", token_limit)
         self.max_requests = positive_int("max_requests", max_requests)
@@ -301,7 +304,7 @@ class TrieRequest:
         # What every step reads, looked up once (a step's host work is a few µs; lookups add up).
         self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
         self._token_limit, self._settings, self._layout = drafter.token_limit, drafter._settings, drafter.layout
-        self._calibrating = drafter.calibrate and drafter.fill and drafter.layout != "single"
+        self._calibrating = drafter.calibrate
 
     def __repr__(self) -> str:
         core = self._core

@@ -38,6 +38,7 @@ structs and caches like arrays; no jitclass, no dicts of dicts):
                   three, because every kernel call unboxes its arguments (~0.2 µs an array).
     Settings      the drafter's fixed configuration: max_match, prompt_weight, recent_weight,
                   min_stage_nodes, fill, use_top, mode (MODE_HIERARCHICAL or MODE_SINGLE), calibrated
+                  (set only with fill and MODE_HIERARCHICAL: TrieDrafter resolves it)
     Stream        a request's tokens: tokens[:end] is the stream so far (prompt first, n_prompt
                   tokens), tokens[begin:end] the tokens not counted yet; branches starting before
                   count_from are never counted (0, or n_prompt to leave the prompt out)
@@ -780,7 +781,7 @@ def retrieve(state, settings, cursor, buffers, context, budget):
     buffers.first_child[0] = buffers.next_sibling[0] = -1
     buffers.scores[0] = 1.0
     buffers.cells[0] = -1
-    if settings.calibrated and settings.fill and settings.mode == MODE_HIERARCHICAL:
+    if settings.calibrated:
         return _all_stages(state, settings, own, front, buffers, context, budget)
     n_out = 1
     fallback = -2  # paper mode: the longest suffix that offered anything (-2: none)

@@ -21,11 +21,6 @@ PARAMS = dict(temperature=1.0, top_k=3)
 N_SAMPLES = 1_500
 ALPHA = 1e-3     # a correct sampler fails with this probability (seeds fixed: it does not)
 DETECT = 1e-6    # a planted wrong rule must fall below this
-# The trie's plain ranking: it proposes the branching trees this test was built on (non-first
-# children accepted: 450+ of 1,500 samples' drafted tokens accepted); the calibrated ranking accepted
-# 394 here, below the test's floor for exercising the rule. The rule's exactness does not depend
-# on which drafter proposes the trees.
-CALIBRATE = False
 
 
 def exact_probs(verifier) -> dict:
@@ -48,7 +43,7 @@ def exact_probs(verifier) -> dict:
 
 def sample_fit(verifier):
     """(p-value, chi-square, df, tokens accepted from drafts) of N_SAMPLES speculative samples."""
-    drafter = TrieDrafter(calibrate=CALIBRATE)
+    drafter = TrieDrafter()
     counts, accepted = {}, 0
     for seed in range(N_SAMPLES):
         result = draftcore.speculate(verifier, np.asarray(PROMPT, np.int32), max_new_tokens=LENGTH, drafter=drafter,
