@@ -28,6 +28,8 @@ second, including "no draft"; keep one object per deployment so what it learns c
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import ConfigError
@@ -45,6 +47,7 @@ class FixedBudget:
         self.n = positive_int("budget", n, minimum=0)
 
     def request_size(self) -> int:
+        self._asked = False
         return self.n
 
     def choose(self, tree: DraftTree) -> int:
@@ -122,8 +125,16 @@ class CostAwareBudget:
     (HumanEval, median / all tokens, 12 orders) and the trie from 1.00x / 0.99x to 1.00x / 1.01x, HF
     CPU within 0.5 % either way. Lookahead nodes are never accepted, so they
     are priced but never calibrated. A proposal whose best draft is worth less than half of no draft
-    skips the next proposal (that step verifies the root alone): drafting is not free where a step
-    is a few milliseconds.
+    skips the next proposal (that step verifies the root alone), and where asking costs, proposals
+    in a row that draft nothing skip more: after the k-th, the next min(k - 1, `idle_skip`) steps
+    ask for none. Drafting is not free where a step is a few milliseconds: on llama.cpp (SmolLM2
+    Q4_1, 2 CPU cores, 6.5 ms a step) the trie's proposal, the choice and the outcome bookkeeping
+    took ~0.25 ms a step, while its budget chose no draft on 9 steps in 10. What asking costs is
+    measured: the seconds of root-only steps that asked the drafter against those that did not
+    (paused or skipped: pausing's trials and hopeless proposals give the first); skipping goes on
+    while the difference is over `idle_cost` of a step, since each skipped step may miss the first
+    tokens of a burst (replayed on the recorded traces, where asking is free, skipping regardless
+    cost 1-2 % of the tokens per step).
 
     Now and then it verifies a neighbouring menu size instead (one up or one down from its choice,
     alternately), so one slow measurement (a page fault, another process) cannot stick forever and
@@ -156,6 +167,10 @@ class CostAwareBudget:
                                   Once one is dropped, a drafter that can leave its window out is
                                   asked for one only every 16th step (`LookaheadProbe`).
         trial_every      64       steps between trials of the arm not in use: drafting or pausing
+        idle_skip        3        most steps skipped after proposals in a row that drafted nothing
+                                  (0: only a hopeless proposal skips one)
+        idle_cost        0.02     skip those only while asking the drafter costs more than this
+                                  share of a root-only step
         trial_steps      16       steps a trial of drafting lasts (a trial of pausing: 4; 0: never pause)
 
     Pausing. Choosing "no draft" for a step still pays for drafting it (the drafter's proposal, the
@@ -190,13 +205,16 @@ class CostAwareBudget:
     _GAMBLE_MEMORY = 32     # verified trees after which the gamble correction's evidence has faded to 1/e
     _GAMBLE_PRIOR = 12.0    # expected tokens of evidence that the verified trees deliver their estimate
     _GAMBLE_FLOOR = 0.6     # the gamble correction never scales the expectation below this
+    _ROOT_SMOOTHING = 0.02  # weight of a root-only step in its average (asked the drafter or not): the
+                            # difference sought is a few percent of a step, so it averages many
     _OUTLIER = 2.0          # a step's seconds count as at most this times its size's estimate
     _HOPELESS = 0.5         # a proposal worth less than this share of no draft skips the next one,
                             # and a neighbouring size worth less than this share is not explored
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
-                 window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16):
+                 window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16, idle_skip: int = 3,
+                 idle_cost: float = 0.02):
         self.max_nodes = positive_int("max_nodes", max_nodes)
         self.smoothing = positive_float("smoothing", smoothing)
         if self.smoothing > 1.0:
@@ -209,6 +227,8 @@ class CostAwareBudget:
             else window_cost
         self.trial_every = positive_int("trial_every", trial_every)
         self.trial_steps = positive_int("trial_steps", trial_steps, minimum=0)
+        self.idle_skip = positive_int("idle_skip", idle_skip, minimum=0)
+        self.idle_cost = positive_float("idle_cost", idle_cost, minimum=0.0, inclusive=True)
         self._arm = self._DRAFT                   # the arm of the step under way
         self._winner = self._DRAFT
         self._arm_tokens = np.zeros(2)            # faded sums per arm: tokens emitted, seconds
@@ -223,6 +243,7 @@ class CostAwareBudget:
         self._n_explored = 0
         self._last_best = -1
         self.sizes = _menu(self.max_nodes + 1)   # candidate-tree sizes (nodes, root included)
+        self._menu_entry = {int(size): i for i, size in enumerate(self.sizes)}   # observe's lookup, every step
         self._cost: dict[int, np.ndarray] = {}   # n_lookahead -> seconds per step, by menu entry
         self._step = 0
         # Calibration counts per (score bin, rank bucket), with a weak prior that the score is right.
@@ -240,16 +261,20 @@ class CostAwareBudget:
         self._gamble_expected = 0.0  # faded sums over verified trees: their expected tokens (bias
         self._gamble_accepted = 0.0  # corrected) and their accepted tokens
         self._sees_outcomes = False  # the loop reports outcomes (speculate does; a draft model does not)
-        self._hopeless = False      # the last proposal was hopeless: the next step asks for none
+        self._idle = 0              # proposals in a row that drafted nothing
+        self._skip_left = 0         # steps left that ask the drafter for nothing (see choose)
+        self._asked = False         # this step's proposal reached choose()
+        self._root_seconds = [math.nan, math.nan]   # root-only steps that [asked, did not ask] the drafter
         self._kernels = kernels("draftcore.budget_kernels")
 
     # -- the policy ---------------------------------------------------------------------------
     def request_size(self) -> int:
+        self._asked = False
         if self.trial_steps and self._trial_left == 0 and self._step >= self._next_trial:
             self._trial_left = self._PAUSE_TRIAL if self._winner == self._DRAFT else self.trial_steps
         self._arm = 1 - self._winner if self._trial_left else self._winner
-        if self._arm == self._DRAFT and self._hopeless:
-            self._hopeless = False   # skip one proposal after a hopeless one (see choose)
+        if self._arm == self._DRAFT and self._skip_left:
+            self._skip_left -= 1     # after proposals that drafted nothing (see choose)
             return 0
         return self.max_nodes if self._arm == self._DRAFT else 0
 
@@ -267,8 +292,11 @@ class CostAwareBudget:
             float(rate[1]) if self._arm_steps[1] else float("nan")
 
     def choose(self, tree: DraftTree) -> int:
+        self._asked = True
         n_draft = min(tree.n_draft, self.max_nodes)
-        if n_draft == 0 or np.isnan(self._costs(tree.n_lookahead)[0]):
+        if n_draft == 0:
+            return self._drafted(0, False)
+        if np.isnan(self._costs(tree.n_lookahead)[0]):
             return 0  # first measure what a step without candidates costs
         sizes, value = self._values(tree, n_draft, self.bias() * self.gamble_correction())
         n_menu = sizes.shape[0]
@@ -277,7 +305,7 @@ class CostAwareBudget:
         # nothing here; the next step verifies the root without asking it. Where a step is a few
         # ms (llama.cpp on a CPU) asking costs: the composite drafted in 0.2 ms of a 5.6 ms step
         # there, and most steps chose no draft.
-        self._hopeless = n_menu > 1 and value[1:].max() < self._HOPELESS * value[0]
+        hopeless = n_menu > 1 and value[1:].max() < self._HOPELESS * value[0]
         if best != self._last_best:
             self._last_best, self._period = best, self.explore_every
         if self._step >= self._next_explore:
@@ -291,7 +319,26 @@ class CostAwareBudget:
             self._period = min(self._period * self.explore_backoff, 16 * self.explore_every)
             if 0 <= near < n_menu and value[near] >= self._HOPELESS * value[best]:
                 best = near
-        return int(sizes[best]) - 1
+        return self._drafted(int(sizes[best]) - 1, hopeless)
+
+    def _drafted(self, k: int, hopeless: bool) -> int:
+        """Return choose's `k`, having set how many next steps ask the drafter for nothing: a
+        proposal that drafts nothing, the k-th in a row, skips min(k - 1, idle_skip) of them (a
+        hopeless one at least 1); one that drafts skips none."""
+        if k:
+            self._idle = self._skip_left = 0
+        else:
+            self._idle += 1
+            skip = min(self._idle - 1, self.idle_skip) if self.asking_costs() else 0
+            self._skip_left = max(skip, 1 if hopeless else 0)
+        return k
+
+    def asking_costs(self) -> bool:
+        """Whether a root-only step that asked the drafter took over `idle_cost` more than one that
+        did not; False until both are measured (steps that did not ask come from pausing, its
+        trials and hopeless proposals)."""
+        asked, unasked = self._root_seconds
+        return bool(asked - unasked > self.idle_cost * unasked)   # NaN compares False
 
     def bias(self) -> float:
         """What the calibration's expectation is worth on the trees it verifies or would verify:
@@ -330,6 +377,8 @@ class CostAwareBudget:
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         self._step += 1
+        if tree.n_candidates == 1 and not tree.n_lookahead:
+            self._learn_root_seconds(0 if self._asked else 1, seconds)
         arm, self._arm = self._arm, self._DRAFT
         self._observe_arm(arm, path.shape[0], seconds)
         if arm == self._PAUSE:
@@ -386,6 +435,11 @@ class CostAwareBudget:
             tree.parents, n, self.sizes if costs_known else self.sizes[:0], self._estimated(0))
         if expected >= 0.0:   # the prefix it would pick uncorrected, longer than what was verified
             self._learn_bias(expected, hits)
+
+    def _learn_root_seconds(self, i: int, seconds: float) -> None:
+        old = self._root_seconds[i]   # Python floats: numpy scalars cost µs a step here
+        self._root_seconds[i] = seconds if math.isnan(old) else \
+            (1 - self._ROOT_SMOOTHING) * old + self._ROOT_SMOOTHING * min(seconds, self._OUTLIER * old)
 
     def _learn_bias(self, expected: float, accepted: float) -> None:
         keep = 1.0 - 1.0 / self._BIAS_MEMORY
@@ -505,8 +559,7 @@ class CostAwareBudget:
         return known
 
     def _entry(self, n_nodes: int):
-        i = int(np.searchsorted(self.sizes, n_nodes))
-        return i if i < len(self.sizes) and self.sizes[i] == n_nodes else None
+        return self._menu_entry.get(n_nodes)
 
     def _cells(self, tree: DraftTree, m: int) -> np.ndarray:
         """Flat calibration cell of the first m nodes: score bin * _RANKS + rank bucket."""

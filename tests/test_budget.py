@@ -211,7 +211,8 @@ def test_bad_adaptation_settings_are_refused(kwargs):
 def drive_with_pauses(policy, steps: int, n_accepted: int, drafting_seconds: float = 0.1) -> list:
     """Like `drive`, asking request_size first: a paused step (size 0) verifies the root alone and
     pays no drafting; a drafting step pays `drafting_seconds` on top of its verify. Returns, per
-    step, whether it drafted."""
+    step, whether it drafted. (The tests of the two arms build their budgets with idle_skip=0: a
+    run of proposals that draft nothing would otherwise skip steps inside the drafting arm too.)"""
     drafted = []
     for _ in range(steps):
         if policy.request_size() == 0:
@@ -227,7 +228,7 @@ def drive_with_pauses(policy, steps: int, n_accepted: int, drafting_seconds: flo
 
 
 def test_drafting_pauses_where_it_does_not_pay_and_resumes_where_it_does():
-    policy = CostAwareBudget()
+    policy = CostAwareBudget(idle_skip=0)
     idle = drive_with_pauses(policy, 3000, n_accepted=0)
     assert not policy.drafting_pays
     assert sum(idle[1500:]) <= 0.05 * 1500, sum(idle[1500:])   # only the trials still draft
@@ -242,7 +243,7 @@ def test_drafting_pauses_where_it_does_not_pay_and_resumes_where_it_does():
 
 
 def test_drafting_that_pays_is_never_paused_for_long():
-    policy = CostAwareBudget()
+    policy = CostAwareBudget(idle_skip=0)
     drafted = drive_with_pauses(policy, 3000, n_accepted=3)
     assert sum(drafted) >= 0.98 * 3000, 3000 - sum(drafted)   # the pause trials, a few steps each
 
@@ -250,7 +251,7 @@ def test_drafting_that_pays_is_never_paused_for_long():
 def test_a_close_call_keeps_drafting():
     """Pausing must beat drafting by a margin, twice running: where drafting's overhead only just
     outweighs what it gains, drafting goes on (a burst missed while paused would cost more)."""
-    policy = CostAwareBudget()
+    policy = CostAwareBudget(idle_skip=0)
     # 1 token per 1.03 s drafting (overhead 0.03, nothing accepted) against 1 token per 1 s paused
     drafted = drive_with_pauses(policy, 2000, n_accepted=0, drafting_seconds=0.03)
     assert policy.drafting_pays and sum(drafted) >= 0.95 * 2000
@@ -261,7 +262,7 @@ def test_a_trial_pausing_won_is_confirmed_soon():
     pausing wins a trial against that long a drafting record, the confirming trial comes
     `trial_every` steps later instead of after the backed-off interval (up to 16 x 64 steps), so
     pausing takes over sooner (948 drafted steps of the next 2500; backed off: 1572)."""
-    policy = CostAwareBudget()
+    policy = CostAwareBudget(idle_skip=0)
     drive_with_pauses(policy, 1500, n_accepted=0, drafting_seconds=0.03)
     assert policy.drafting_pays
     drafted = drive_with_pauses(policy, 2500, n_accepted=0, drafting_seconds=0.2)
@@ -271,7 +272,7 @@ def test_a_trial_pausing_won_is_confirmed_soon():
 def test_a_first_trial_lost_while_drafting_still_learns_is_not_confirmed_at_once():
     """The first trial (step 64) meets a drafting record of 32 steps spent learning sizes: a pause
     win there is confirmed only after the backed-off interval, as before (switch at step ~196)."""
-    policy = CostAwareBudget()
+    policy = CostAwareBudget(idle_skip=0)
     drafted = drive_with_pauses(policy, 260, n_accepted=0, drafting_seconds=0.1)
     assert all(drafted[70:190]) and not any(drafted[200:260]), (drafted.index(False, 69))
 
@@ -296,7 +297,7 @@ def test_a_size_never_measured_is_guessed_from_the_cost_growth_measured_below_it
 
 
 def test_trial_steps_zero_never_pauses():
-    policy = CostAwareBudget(trial_steps=0)
+    policy = CostAwareBudget(trial_steps=0, idle_skip=0)
     assert all(drive_with_pauses(policy, 1000, n_accepted=0))
 
 
@@ -377,3 +378,20 @@ def test_one_slow_step_cannot_make_no_draft_look_dearer_than_a_draft():
     assert policy.cost([1])[0] <= 1.2 + 1e-9   # 0.8 * 1 + 0.2 * min(8, 2 * 1)
     policy._next_explore = 1 << 30
     assert policy.choose(tree) == 0
+
+
+def test_proposals_that_draft_nothing_are_mostly_skipped_where_asking_costs():
+    """Where no draft ever pays and asking the drafter costs 4 % of a step (not enough for pausing,
+    which must win by 5 %), idle skipping asks on about one step in four once pausing's trials have
+    measured a step that does not ask; where asking costs 0.5 % it asks on every step; where drafts
+    pay it asks on every step."""
+    policy = CostAwareBudget()
+    idle = drive_with_pauses(policy, 3000, n_accepted=0, drafting_seconds=0.04)
+    assert policy.drafting_pays and policy.asking_costs()
+    assert 0.2 * 1000 <= sum(idle[2000:]) <= 0.3 * 1000, sum(idle[2000:])
+    free = CostAwareBudget()
+    asked = drive_with_pauses(free, 3000, n_accepted=0, drafting_seconds=0.005)
+    assert free.drafting_pays and not free.asking_costs()
+    assert sum(asked[2000:]) >= 0.95 * 1000, sum(asked[2000:])
+    busy = drive_with_pauses(CostAwareBudget(), 2000, n_accepted=3, drafting_seconds=0.04)
+    assert sum(busy[100:]) >= 0.98 * 1900, sum(busy[100:])   # the pause trials, a few steps each

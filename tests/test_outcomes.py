@@ -196,7 +196,7 @@ def test_outcomes_of_a_prefix_it_would_not_pick_leave_the_bias_alone():
 
 
 def test_a_hopeless_proposal_skips_the_next_one():
-    budget = CostAwareBudget(trial_steps=0)
+    budget = CostAwareBudget(trial_steps=0, idle_skip=0)
     cost = {1: 1.0, 2: 2.5, 3: 4.0, 4: 5.5, 5: 7.0, 6: 8.5}   # a candidate costs 1.5 steps
     tree = DraftTree.chain(7, [1, 2, 3, 4, 5])
     for size, seconds in cost.items():
@@ -213,6 +213,44 @@ def test_a_hopeless_proposal_skips_the_next_one():
     budget._probability = (budget._accepted / budget._offered).ravel()
     budget.choose(tree)
     assert budget.request_size() > 0         # a proposal worth something skips nothing
+
+
+def test_proposals_that_draft_nothing_in_a_row_skip_more_and_a_draft_resets():
+    budget = CostAwareBudget(trial_steps=0, idle_skip=3)
+    cost = {1: 1.0, 2: 2.5, 3: 4.0, 4: 5.5, 5: 7.0, 6: 8.5}   # a candidate costs 1.5 steps
+    tree = DraftTree.chain(7, [1, 2, 3, 4, 5])
+    for size, seconds in cost.items():
+        budget.observe(tree.with_candidates(size - 1), np.array([0], np.int32), seconds)
+    budget._next_explore = 1 << 30
+    assert not budget.asking_costs()              # not measured: no skipping yet
+    budget.request_size()
+    budget.observe(tree.with_candidates(0), np.array([0], np.int32), 1.0)   # a step that did not ask
+    budget.request_size()
+    budget.choose(tree.with_candidates(0))
+    budget.observe(tree.with_candidates(0), np.array([0], np.int32), 1.1)   # one that asked: 10 % more
+    assert budget.asking_costs()
+    budget._idle = budget._skip_left = 0
+    tree.scores = np.array([1.0, 0.6, 0.6, 0.6, 0.6, 0.6], np.float32)   # worth less than no draft, not hopeless
+
+    def skipped_after_choosing():
+        assert budget.request_size() > 0 and budget.choose(tree) == 0
+        n = 0
+        while budget.request_size() == 0:
+            n += 1
+        return n
+
+    assert [skipped_after_choosing() for _ in range(6)] == [0, 1, 2, 3, 3, 3]
+    cheap = CostAwareBudget(trial_steps=0, idle_skip=3)   # the same proposal where a candidate is nearly free
+    for size in cost:
+        cheap.observe(tree.with_candidates(size - 1), np.array([0], np.int32), 1.0 + 0.01 * size)
+    cheap._next_explore = 1 << 30
+    cheap._root_seconds[:] = (1.1, 1.0)
+    assert cheap.choose(tree) > 0 and cheap.request_size() > 0    # a draft: nothing skipped
+    budget.choose(tree.with_candidates(0))        # the drafter had nothing: that counts as drafting nothing
+    assert budget.request_size() == 0
+    cheap._idle = 5
+    assert cheap.choose(tree) > 0                 # a proposal that drafts resets the run
+    assert cheap._idle == 0 and cheap.request_size() > 0
 
 
 def test_a_caller_that_reports_no_outcomes_gets_no_bias_or_gamble_correction():

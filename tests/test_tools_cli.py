@@ -57,7 +57,7 @@ def test_replay_cli_passes_only_the_options_given(tmp_path):
                         "--cost", "1:10,64:20")
     assert cli.trie_options(args) == {"branch_length": 12, "fill": False}
     report = cli.run_replay(args)
-    want = dict(_settings(TrieDrafter(), TRIE_SETTINGS), branch_length=12, fill=False)
+    want = _settings(TrieDrafter(branch_length=12, fill=False), TRIE_SETTINGS)   # calibrate follows fill
     assert _settings(report.drafter, TRIE_SETTINGS) == want
     assert isinstance(report.budget, FixedBudget) and report.budget.n == 16
     assert report.cost.ms_by_nodes == {1: 10.0, 64: 20.0}
