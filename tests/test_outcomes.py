@@ -195,13 +195,20 @@ def test_outcomes_of_a_prefix_it_would_not_pick_leave_the_bias_alone():
     assert budget.bias() == before
 
 
-def test_a_hopeless_proposal_skips_the_next_one():
-    budget = CostAwareBudget(trial_steps=0, idle_skip=0)
-    cost = {1: 1.0, 2: 2.5, 3: 4.0, 4: 5.5, 5: 7.0, 6: 8.5}   # a candidate costs 1.5 steps
+def costly_chain_budget(**options):
+    """(budget, 5-candidate chain, {nodes: seconds}): a budget that has measured a cost where a
+    candidate costs 1.5 steps, never exploring."""
+    budget = CostAwareBudget(trial_steps=0, **options)
+    cost = {1: 1.0, 2: 2.5, 3: 4.0, 4: 5.5, 5: 7.0, 6: 8.5}
     tree = DraftTree.chain(7, [1, 2, 3, 4, 5])
     for size, seconds in cost.items():
         budget.observe(tree.with_candidates(size - 1), np.array([0], np.int32), seconds)
     budget._next_explore = 1 << 30
+    return budget, tree, cost
+
+
+def test_a_hopeless_proposal_skips_the_next_one():
+    budget, tree, _ = costly_chain_budget(idle_skip=0)
     tree.scores = np.array([1.0, 0.02, 0.01, 0.01, 0.01, 0.01], np.float32)
     assert budget.request_size() > 0
     assert budget.choose(tree) == 0          # worth far less than no draft
@@ -216,12 +223,7 @@ def test_a_hopeless_proposal_skips_the_next_one():
 
 
 def test_proposals_that_draft_nothing_in_a_row_skip_more_and_a_draft_resets():
-    budget = CostAwareBudget(trial_steps=0, idle_skip=3)
-    cost = {1: 1.0, 2: 2.5, 3: 4.0, 4: 5.5, 5: 7.0, 6: 8.5}   # a candidate costs 1.5 steps
-    tree = DraftTree.chain(7, [1, 2, 3, 4, 5])
-    for size, seconds in cost.items():
-        budget.observe(tree.with_candidates(size - 1), np.array([0], np.int32), seconds)
-    budget._next_explore = 1 << 30
+    budget, tree, cost = costly_chain_budget(idle_skip=3)
     assert not budget.asking_costs()              # not measured: no skipping yet
     budget.request_size()
     budget.observe(tree.with_candidates(0), np.array([0], np.int32), 1.0)   # a step that did not ask
