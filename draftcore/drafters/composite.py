@@ -3,8 +3,8 @@ merged under one root (identical prefixes shared), the Jacobi window attached as
 
 The node budget is split by each source's recent acceptance, measured where it matters: a node's
 priority is the rate at which its own source's nodes *of the same score* were accepted lately
-(per source, per score bin, fading with a memory of `memory` steps; a fresh request takes each
-score at its word). Sources score on different scales — the n-gram tables' count ratios say 1.0
+(per source, per score bin, fading with a memory of `memory` verified steps; the drafter's, shared
+by its requests under a lock; a fresh drafter takes each score at its word). Sources score on different scales — the n-gram tables' count ratios say 1.0
 for a key seen once, the trie's scores are estimates of acceptance — so raw scores cannot be
 compared, and one rate per source (how this drafter first did it) let a source's confident but
 wrong nodes crowd out another's sure ones. A source whose scores already estimate acceptance
@@ -29,6 +29,8 @@ the window, and once it drops it, where verify is not free (a CPU), only every 1
                                                          Jacobi pool would never fill, so no Jacobi source
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -62,6 +64,15 @@ class CompositeDrafter:
             if not callable(getattr(s, "start", None)):
                 raise ConfigError(f"drafter: expected a Drafter with start(prompt), got {type(s).__name__}")
         self.memory = positive_float("memory", memory, minimum=1.0, inclusive=True)
+        # Each source's acceptance by score bin, [source, bin], faded, prior included: shared by the
+        # drafter's requests (a request of 128 tokens on a CPU verifies too few nodes to learn it,
+        # and from the prior the n-gram tables' 1.0 for a key seen once outranked the trie's
+        # calibrated nodes in every new request), updated under the lock.
+        centres = (np.arange(_BINS) + 0.5) / _BINS
+        self._prior_offered = np.full((len(self.sources), _BINS), _PRIOR_WEIGHT)
+        self._prior_accepted = np.tile(_PRIOR_WEIGHT * centres, (len(self.sources), 1))
+        self._offered, self._accepted = self._prior_offered.copy(), self._prior_accepted.copy()
+        self._lock = threading.Lock()
 
     @property
     def concurrent_requests(self) -> bool:
@@ -85,7 +96,8 @@ class CompositeDrafter:
 
 
 class CompositeRequest:
-    """One request on every source drafter, and each source's recent acceptance by score bin."""
+    """One request on every source drafter; each source's recent acceptance by score bin is the
+    drafter's, shared by its requests (`offered`, `accepted`)."""
 
     returns_valid_trees = True
     lookahead_optional = True   # propose(..., lookahead=False) builds no window
@@ -99,11 +111,9 @@ class CompositeRequest:
         self._windowless = [getattr(r, "lookahead_optional", False) is True for r in requests]
         # sources whose scores estimate acceptance (the trie): taken at their word, not re-calibrated
         self._at_word = np.array([getattr(r, "scores_estimate_acceptance", False) is True for r in requests])
-        centres = (np.arange(_BINS) + 0.5) / _BINS
-        self._prior_offered = np.full((len(requests), _BINS), _PRIOR_WEIGHT)
-        self._prior_accepted = np.tile(_PRIOR_WEIGHT * centres, (len(requests), 1))
-        self.offered = self._prior_offered.copy()    # [source, score bin], faded, prior included
-        self.accepted = self._prior_accepted.copy()
+        self._prior_offered, self._prior_accepted = drafter._prior_offered, drafter._prior_accepted
+        self.offered, self.accepted = drafter._offered, drafter._accepted   # the drafter's, shared
+        self._lock = drafter._lock
         self._keep = 1.0 - 1.0 / drafter.memory
         self._sources = np.zeros(1, np.int32)  # source bits of the last proposal's nodes
         self._proposed = None                  # (source, score bin, index in the tree) of its input nodes
@@ -164,8 +174,10 @@ class CompositeRequest:
         out = np.empty((4, size), np.int32)
         out_sources = np.empty(size, np.int32)
         source, index = np.empty(n, np.int32), np.empty(n, np.int32)
+        with self._lock:
+            rates = self.accepted / self.offered
         m = self._K.merge_sources(tokens, parents, scores, score_bin, lengths, np.array(list(trees), np.int32),
-                                  self._at_word, self.accepted / self.offered, budget, source, index,
+                                  self._at_word, rates, budget, source, index,
                                   out[0], out[1], out[2], out[3].view(np.float32), out_sources,
                                   np.empty(size, np.int32), np.empty(size, np.int32), np.empty(size, np.float32),
                                   np.empty(n, np.float32))
@@ -182,8 +194,9 @@ class CompositeRequest:
         m = tree.n_candidates   # the policy may have verified only the best m - 1 candidates
         if self._proposed is not None and 1 < m <= self._sources.shape[0]:
             source, score_bin, index = self._proposed
-            self._K.count_verified(self.offered, self.accepted, self._prior_offered, self._prior_accepted,
-                                   self._keep, source, score_bin, index, m, path)
+            with self._lock:
+                self._K.count_verified(self.offered, self.accepted, self._prior_offered, self._prior_accepted,
+                                       self._keep, source, score_bin, index, m, path)
         self._proposed = None
         for observe in self._observers:
             observe(tree, node_tokens, path)
