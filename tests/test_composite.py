@@ -394,11 +394,12 @@ def test_composite_calibration_counts_each_verified_node_once_per_source():
     tree = DraftTree.build([PATTERN[-1], PATTERN[0], PATTERN[1], 0], [-1, 0, 1, 0],
                            scores=np.array([1.0, 0.93, 0.41, 0.66], np.float32))
     request = CompositeDrafter(trie=FixedTreeDrafter(tree), ngram=FixedTreeDrafter(tree), jacobi=None,
-                               memory=10).start(prompt)
+                               memory=10, learn_from="verified").start(prompt)
     proposed = request.propose(prompt, 3)
     assert proposed.n_draft == 3 and request._sources[1:].tolist() == [0b11, 0b11, 0b11]
     offered, accepted = request.offered.copy(), request.accepted.copy()
     request.observe(proposed.with_candidates(2), np.zeros(3, np.int32), np.array([0, 1], np.int32))
+    request.update(np.array([PATTERN[0], 7], np.int32))   # learning from verified nodes: update counts nothing
     keep = 0.9
     want_offered = request._prior_offered + keep * (offered - request._prior_offered)
     want_accepted = request._prior_accepted + keep * (accepted - request._prior_accepted)
@@ -408,6 +409,39 @@ def test_composite_calibration_counts_each_verified_node_once_per_source():
         want_accepted[s, 18] += 1  # on the path
     np.testing.assert_allclose(request.offered, want_offered)
     np.testing.assert_allclose(request.accepted, want_accepted)
+    request.finish()
+
+
+def test_composite_calibration_counts_every_proposed_node_the_emitted_tokens_settle():
+    # learn_from="outcomes" (the default): the step's emitted tokens settle every node of the
+    # proposal, verified or cut by the policy, once per source that proposed it; a node deeper than
+    # the emitted tokens under a node that came true is not settled.
+    prompt = np.array(PATTERN * 3, np.int32)
+    a, b, c = PATTERN[0], PATTERN[1], PATTERN[2]
+    tree = DraftTree.build([PATTERN[-1], a, b, c, 0, 5], [-1, 0, 1, 2, 0, 1],
+                           scores=np.array([1.0, 0.93, 0.81, 0.71, 0.66, 0.41], np.float32))
+    request = CompositeDrafter(trie=FixedTreeDrafter(tree), ngram=FixedTreeDrafter(tree.with_candidates(2)),
+                               jacobi=None, memory=10).start(prompt)
+    proposed = request.propose(prompt, 5)
+    assert proposed.n_draft == 5
+    offered, accepted = request.offered.copy(), request.accepted.copy()
+    request.observe(proposed.with_candidates(1), np.zeros(2, np.int32), np.array([0, 1], np.int32))
+    np.testing.assert_array_equal(request.offered, offered)   # observe alone teaches nothing here
+    request.update(np.array([a, b], np.int32))   # a accepted, then the model's b: c's outcome unknown
+    keep = 0.9
+    want_offered = request._prior_offered + keep * (offered - request._prior_offered)
+    want_accepted = request._prior_accepted + keep * (accepted - request._prior_accepted)
+    for score, hit in ((0.93, 1), (0.81, 1), (0.66, 0), (0.41, 0)):   # a, b came true; 0 and 5 did not
+        want_offered[0, int(score * 20)] += 1
+        want_accepted[0, int(score * 20)] += hit
+    for score, hit in ((0.93, 1), (0.81, 1)):   # the n-gram source proposed a and b only
+        want_offered[1, int(score * 20)] += 1
+        want_accepted[1, int(score * 20)] += hit
+    np.testing.assert_allclose(request.offered, want_offered)
+    np.testing.assert_allclose(request.accepted, want_accepted)
+    before = request.offered.copy()
+    request.update(np.array([c], np.int32))   # a later update settles nothing more: one step's tokens judge it
+    np.testing.assert_array_equal(request.offered, before)
     request.finish()
 
 
@@ -577,12 +611,12 @@ def test_priorities_are_each_sources_acceptance_at_the_nodes_score():
     request.finish()
 
 
-def test_only_verified_candidates_teach_the_calibration():
+def test_learning_from_verified_nodes_counts_only_those():
     # The budget policy may verify a best-first prefix of the proposal: nodes it cut were never
     # offered to the model and must not count as rejected.
     model = repeating_model(PATTERN)
     prompt = np.array(PATTERN * 3, np.int32)
-    request = CompositeDrafter(trie=WrongDrafter(), jacobi=None).start(prompt)
+    request = CompositeDrafter(trie=WrongDrafter(), jacobi=None, learn_from="verified").start(prompt)
     proposed = request.propose(prompt, 8)
     source, score_bin, index = request._proposed
     assert proposed.n_draft >= 3
@@ -613,6 +647,7 @@ def test_the_calibration_is_the_drafters_and_outlives_a_request():
     node_tokens = np.array([int(np.argmax(model.logits(prompt.tolist() + proposed.path_tokens(i)[1:].tolist())))
                             for i in range(len(proposed))], np.int32)
     first.observe(proposed, node_tokens, np.array([0], np.int32))
+    first.update(node_tokens[:1])
     learnt = first.offered.copy(), first.accepted.copy()
     assert not np.array_equal(learnt[0], first._prior_offered)
     first.finish()

@@ -1,6 +1,7 @@
 """The composite drafter's per-step bookkeeping in two numba calls: its sources' trees merged by
 calibrated priority (`merge_sources`; the score bins come from `tree.score_bins_of`, the one
-rule), and the calibration counted from what the model accepted (`count_verified`). In numpy
+rule), and the calibration counted from what the model accepted (`count_verified`) or, by default,
+from what the emitted tokens show of every proposed node (`count_outcomes`). In numpy
 these were ~15 small array operations a step, ~45 us of a composite step's ~80 us of drafting on
 the recorded traces (the trie alone drafts in ~22 us)."""
 from __future__ import annotations
@@ -53,6 +54,35 @@ def count_verified(offered, accepted, prior_offered, prior_accepted, keep, sourc
                 accepted[source[i], score_bin[i]] += 1.0
 
 
+@nb.njit(cache=True)
+def count_outcomes(offered, accepted, prior_offered, prior_accepted, keep, source, score_bin, index, parents,
+                   depths, tokens, emitted):
+    """Fade `offered` / `accepted` towards their priors by `keep`, then count each input node of a
+    proposal (merged tree tokens / parents / depths, its node 0 the root; 0 < index < its size)
+    whose outcome the `emitted` tokens (the step's accepted tokens and the model's next) settle: once
+    offered and, when its path equals their start, once accepted. A node deeper than the emitted
+    tokens under a node that came true is not settled (the stream has not shown it)."""
+    offered[:] = prior_offered + keep * (offered - prior_offered)
+    accepted[:] = prior_accepted + keep * (accepted - prior_accepted)
+    n = tokens.shape[0]
+    state = np.zeros(n, np.int8)   # 1 came true, 0 did not, -1 not settled
+    state[0] = 1
+    for r in range(1, n):
+        p = state[parents[r]]
+        if p != 1:
+            state[r] = p
+        elif depths[r] > emitted.shape[0]:
+            state[r] = -1
+        else:
+            state[r] = 1 if tokens[r] == emitted[depths[r] - 1] else 0
+    for i in range(index.shape[0]):
+        r = index[i]
+        if 0 < r < n and state[r] >= 0:
+            offered[source[i], score_bin[i]] += 1.0
+            if state[r] == 1:
+                accepted[source[i], score_bin[i]] += 1.0
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) both kernels once with the types the composite passes."""
     tokens = np.array([5, 6, 5, 7], np.int32)
@@ -72,3 +102,5 @@ def warm_up() -> None:
     counts = np.ones((2, 20))
     count_verified(counts, counts.copy(), counts.copy(), counts.copy(), 0.99, source, score_bin, index, m,
                    np.array([0, 1], np.int32))
+    count_outcomes(counts, counts.copy(), counts.copy(), counts.copy(), 0.99, source, score_bin, index, out[1, :m],
+                   out[2, :m], out[0, :m], np.array([5, 6], np.int32))
