@@ -3,8 +3,9 @@ merged under one root (identical prefixes shared), the Jacobi window attached as
 
 The node budget is split by each source's recent acceptance, measured where it matters: a node's
 priority is the rate at which its own source's nodes *of the same score* were accepted lately
-(per source, per score bin, fading with a memory of `memory` verified steps; the drafter's, shared
-by its requests under a lock; a fresh drafter takes each score at its word). Sources score on different scales — the n-gram tables' count ratios say 1.0
+(per source, per score bin, fading with a memory of `memory` judged proposals; the drafter's,
+shared by its requests under a lock; a fresh drafter takes each score at its word). Sources score
+on different scales — the n-gram tables' count ratios say 1.0
 for a key seen once, the trie's scores are estimates of acceptance — so raw scores cannot be
 compared, and one rate per source (how this drafter first did it) let a source's confident but
 wrong nodes crowd out another's sure ones. A source whose scores already estimate acceptance
