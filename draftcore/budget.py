@@ -396,13 +396,11 @@ class CostAwareBudget:
         i = self._entry(tree.n_candidates)
         if i is not None:  # a size off the menu (a drafter that returned fewer nodes) teaches nothing
             costs = self._costs(tree.n_lookahead)
-            old = costs[i]
             # One slow step (a page fault, a collection, another process) counts as at most twice
             # the estimate: on llama.cpp a 40 ms root-only step once raised its estimate from 5.5 to
             # 12.4 ms, above a 2-token step's, and the budget then verified a candidate every step
             # (k = 1 at twice the cost) while no-draft steps, never chosen, were seldom re-measured.
-            costs[i] = seconds if np.isnan(old) else \
-                (1 - self.smoothing) * old + self.smoothing * min(seconds, self._OUTLIER * old)
+            costs[i] = _smoothed(costs[i], seconds, self.smoothing, self._OUTLIER)
             self._estimates.clear()
         if self.memory is not None:  # forget old evidence, keep the prior
             keep = 1.0 - 1.0 / self.memory
@@ -437,9 +435,8 @@ class CostAwareBudget:
             self._learn_bias(expected, hits)
 
     def _learn_root_seconds(self, i: int, seconds: float) -> None:
-        old = self._root_seconds[i]   # Python floats: numpy scalars cost µs a step here
-        self._root_seconds[i] = seconds if math.isnan(old) else \
-            (1 - self._ROOT_SMOOTHING) * old + self._ROOT_SMOOTHING * min(seconds, self._OUTLIER * old)
+        # Python floats: numpy scalars cost µs a step here
+        self._root_seconds[i] = _smoothed(self._root_seconds[i], seconds, self._ROOT_SMOOTHING, self._OUTLIER)
 
     def _learn_bias(self, expected: float, accepted: float) -> None:
         keep = 1.0 - 1.0 / self._BIAS_MEMORY
@@ -567,6 +564,12 @@ class CostAwareBudget:
         if m > self._rank_bucket.shape[0]:
             self._rank_bucket = _rank_buckets(m, self._RANKS)
         return bins * self._RANKS + self._rank_bucket[:m]
+
+
+def _smoothed(old: float, seconds: float, weight: float, outlier: float) -> float:
+    """A step time's moving average: `seconds` itself where none was measured (NaN), else `weight`
+    of it, counted as at most `outlier` times the average (one slow step must not stick)."""
+    return seconds if math.isnan(old) else (1 - weight) * old + weight * min(seconds, outlier * old)
 
 
 def _rank_buckets(n: int, n_buckets: int) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..tree_kernels import would_accept
 from .ngram_kernels import merge
 
 
@@ -37,12 +38,18 @@ def merge_sources(tokens, parents, scores, score_bin, lengths, source_ids, at_wo
                  out_scores, out_sources, first_child, next_sibling, index, order_key)
 
 
+@nb.njit(cache=True, inline="always")
+def _fade(offered, accepted, prior_offered, prior_accepted, keep):
+    """Fade the counts towards their priors by `keep` (one step of memory)."""
+    offered[:] = prior_offered + keep * (offered - prior_offered)
+    accepted[:] = prior_accepted + keep * (accepted - prior_accepted)
+
+
 @nb.njit(cache=True)
 def count_verified(offered, accepted, prior_offered, prior_accepted, keep, source, score_bin, index, m, path):
     """Fade `offered` / `accepted` towards their priors by `keep`, then count each input node the
     verify offered to the model (0 < index < m) once offered and, when on `path`, once accepted."""
-    offered[:] = prior_offered + keep * (offered - prior_offered)
-    accepted[:] = prior_accepted + keep * (accepted - prior_accepted)
+    _fade(offered, accepted, prior_offered, prior_accepted, keep)
     on_path = np.zeros(m, np.bool_)
     for k in range(path.shape[0]):
         on_path[path[k]] = True
@@ -62,19 +69,9 @@ def count_outcomes(offered, accepted, prior_offered, prior_accepted, keep, sourc
     whose outcome the `emitted` tokens (the step's accepted tokens and the model's next) settle: once
     offered and, when its path equals their start, once accepted. A node deeper than the emitted
     tokens under a node that came true is not settled (the stream has not shown it)."""
-    offered[:] = prior_offered + keep * (offered - prior_offered)
-    accepted[:] = prior_accepted + keep * (accepted - prior_accepted)
+    _fade(offered, accepted, prior_offered, prior_accepted, keep)
     n = tokens.shape[0]
-    state = np.zeros(n, np.int8)   # 1 came true, 0 did not, -1 not settled
-    state[0] = 1
-    for r in range(1, n):
-        p = state[parents[r]]
-        if p != 1:
-            state[r] = p
-        elif depths[r] > emitted.shape[0]:
-            state[r] = -1
-        else:
-            state[r] = 1 if tokens[r] == emitted[depths[r] - 1] else 0
+    state = would_accept(tokens, parents, depths, n, emitted)   # 1 came true, 0 did not, -1 not settled
     for i in range(index.shape[0]):
         r = index[i]
         if 0 < r < n and state[r] >= 0:
