@@ -601,6 +601,48 @@ def test_save_load_round_trip(tmp_path):
     assert pool_contents(e._state) == pool_contents(d._state)
 
 
+def _calibrated_drafter(tmp_path):
+    """A busy trie whose requests proposed as they went, so its calibration has learnt."""
+    d, rng, base = _busy_drafter(capacity=400)
+    for _ in range(6):
+        stream = random_tokens(rng, base, 20, 20)
+        r = d.start(np.array(stream, np.int32))
+        for _ in range(10):
+            r.propose(np.array(stream, np.int32), 6)
+            step = random_tokens(rng, base, 20, 3)
+            r.update(np.array(step, np.int32))
+            stream += step
+        r.finish()
+    return d, rng, base
+
+
+def test_save_load_keeps_the_calibration(tmp_path):
+    """The calibration learnt so far travels with the file, so the loaded trie ranks candidates
+    as the saved one did; a format-1 file (before `cal` was saved) loads with the prior."""
+    d, rng, base = _calibrated_drafter(tmp_path)
+    prior = draftcore.drafters.trie_kernels.new_calibration()
+    assert not np.array_equal(d._state.cal, prior)
+    d.save(tmp_path / "t.npz")
+    e = TrieDrafter.load(tmp_path / "t.npz")
+    np.testing.assert_array_equal(e._state.cal, d._state.cal)
+    with np.load(tmp_path / "t.npz") as z:
+        old = {k: z[k] for k in z.files if k != "cal"}
+    old["config"] = old["config"].copy()
+    old["config"][0] = 1
+    np.savez(tmp_path / "format1.npz", **old)
+    f = TrieDrafter.load(tmp_path / "format1.npz")
+    np.testing.assert_array_equal(f._state.cal, prior)
+    assert pool_contents(f._state) == pool_contents(d._state)
+    same, differs = True, False
+    for _ in range(40):
+        ctx = np.array(random_tokens(rng, base, 20, 6), np.int32)
+        a, b, c = (x.propose(ctx, 6) for x in (d, e, f))
+        same &= a.tokens.tolist() == b.tokens.tolist() and np.array_equal(a.scores, b.scores)
+        differs |= not np.array_equal(a.scores, c.scores)
+    assert same
+    assert differs  # the calibration decides these trees: without it the scores differ
+
+
 def test_load_takes_options(tmp_path):
     d, _, _ = _busy_drafter()
     d.save(tmp_path / "t.npz")
@@ -747,6 +789,14 @@ def _corrupt_cases(a):
     case("RECENT above OUTPUT", freq=lambda x: set_(x, (node, 2), x[node, 1] + 1))
     case("RECENT left over from a request", freq=lambda x: set_(set_(x, (node, 1), x[node, 1] + 1), (node, 2), 1.0))
     case("freq without RECENT", freq=lambda x: x[:, :2].copy())
+    case("missing cal", cal=None)
+    case("cal wrong shape", cal=lambda x: x[:, :-1].copy())
+    case("cal wrong dtype", cal=lambda x: x.astype(np.float32))
+    case("cal NaN", cal=lambda x: set_(x, (1, 3), np.nan))
+    case("cal hits above candidates", cal=lambda x: set_(x, (1, 3), x[0, 3] + 1))
+    case("cal negative hits", cal=lambda x: set_(x, (1, 3), -0.5))
+    case("cal no candidates", cal=lambda x: set_(set_(x, (0, 3), 0.0), (1, 3), 0.0))
+    case("cal candidates at the cap", cal=lambda x: set_(x, (0, 3), 1024.0))
     case("free list count too big", meta=lambda x: set_(x, 0, x[0] + 1))
     case("free list count negative", meta=lambda x: set_(x, 0, -1))
     case("free list holds a live node", free=lambda x: set_(x, 0, node))

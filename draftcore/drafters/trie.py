@@ -51,9 +51,9 @@ from ..validate import positive_float, positive_int, token_array
 from ..jit import kernels
 
 LAYOUTS = ("hierarchical", "parallel", "single")
-_SAVE_FORMAT = 1
+_SAVE_FORMAT = 2      # 2 adds the calibration (`cal`); format-1 files load with the prior
 _KERNELS = "draftcore.drafters.trie_kernels"
-_SAVED_ARRAYS = ("links", "freq", "free", "root", "meta")  # the TrieState fields a file holds
+_SAVED_ARRAYS = ("links", "freq", "free", "root", "meta", "cal")  # the TrieState fields a file holds
 _DEFAULT_BUDGET = 64  # draft buffers are sized for this many nodes until a larger budget comes
 _FIRST_SLOTS = 4      # request slots allocated up front; more (up to max_requests) as requests arrive
 _FILE_OPTIONS = ("capacity", "branch_length", "token_limit")  # what `load` takes from the file
@@ -188,7 +188,8 @@ class TrieDrafter:
         """Write what the trie has learnt to `path` as plain arrays (.npz, no pickle), atomically: a
         temporary file in the same folder, flushed to disk, then renamed over `path`, so a failed
         write leaves the previous file as it was. Allowed while requests are in progress: their
-        own counts are not saved. The file is written at `path` exactly (no .npz suffix is added)."""
+        own counts are not saved; the calibration learnt so far is (a loaded trie ranks its
+        candidates as this one does). The file is written at `path` exactly (no .npz suffix)."""
         K = self._K
         folder = os.path.dirname(os.path.abspath(os.fspath(path)))
         if not os.path.isdir(folder):
@@ -198,10 +199,10 @@ class TrieDrafter:
             config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
             links = state.links[:, :K.SIBLING + 1].copy()
             freq = state.freq[:, K.PROMPT:K.RECENT + 1].copy()
-            free, root, meta = state.free.copy(), state.root.copy(), state.meta.copy()
+            free, root, meta, cal = state.free.copy(), state.root.copy(), state.meta.copy(), state.cal.copy()
         freq[:, [0, K.RECENT - K.PROMPT]] = 0.0  # PROMPT, RECENT: the live requests' own, not the trie's
         _write_atomically(path, folder, lambda f: np.savez(f, config=config, links=links, freq=freq, free=free,
-                                                          root=root, meta=meta))
+                                                          root=root, meta=meta, cal=cal))
 
     @classmethod
     def load(cls, path, **options) -> "TrieDrafter":
@@ -215,24 +216,29 @@ class TrieDrafter:
         expected = f"a TrieDrafter file (.npz of config, {', '.join(_SAVED_ARRAYS)})"
         try:
             with np.load(path, allow_pickle=False) as data:
-                arrays = {name: np.asarray(data[name]) for name in ("config",) + _SAVED_ARRAYS}
+                config = np.asarray(data["config"])
+                # Format 1 (before the calibration was saved) has no `cal`: it loads with the prior.
+                names = _SAVED_ARRAYS[:-1] if config.shape == (4,) and config[0] == 1 else _SAVED_ARRAYS
+                arrays = {name: np.asarray(data[name]) for name in names}
         except Exception as exc:  # zip, pickle, key, type errors alike: the file is not ours
             raise InputError(f"path: {str(path)!r} is not {expected}: {type(exc).__name__}: {exc}") from exc
-        config = arrays["config"]
-        if config.shape != (4,) or config.dtype != np.int64 or config[0] != _SAVE_FORMAT:
+        if config.shape != (4,) or config.dtype != np.int64 or config[0] not in (1, _SAVE_FORMAT):
             raise InputError(f"path: {str(path)!r} has config {config!r}; expected int64[4] = "
-                             f"[{_SAVE_FORMAT}, capacity, branch_length, token_limit]")
+                             f"[{_SAVE_FORMAT} (or 1), capacity, branch_length, token_limit]")
         capacity, branch_length, token_limit = (int(v) for v in config[1:])
         shapes = {"links": ((capacity, K.SIBLING + 1), np.int32), "freq": ((capacity, 3), np.float32),
-                  "free": ((capacity,), np.int32), "root": ((token_limit,), np.int32), "meta": ((8,), np.int64)}
-        for name, (shape, dtype) in shapes.items():
-            got = arrays[name]
+                  "free": ((capacity,), np.int32), "root": ((token_limit,), np.int32), "meta": ((8,), np.int64),
+                  "cal": ((2, K.CAL_CELLS), np.float64)}
+        for name, got in arrays.items():
+            shape, dtype = shapes[name]
             if got.shape != shape or got.dtype != dtype:
                 raise InputError(f"path: {str(path)!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
                                  f"expected shape {shape} dtype {np.dtype(dtype)}")
         if arrays["freq"][:, [0, 2]].any():
             raise InputError(f"path: {str(path)!r} holds a request's own counts (PROMPT or RECENT not zero); "
                              f"files written by save() never do")
+        cal = arrays.get("cal", K.new_calibration())
+        _check_calibration(path, cal, K.CAL_CAP)
         # The shapes match the config, so the drafter allocates no more than the file holds.
         try:
             drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
@@ -242,8 +248,8 @@ class TrieDrafter:
         links[:, :K.SIBLING + 1] = arrays["links"]
         freq = links.view(np.float32)
         freq[:, K.PROMPT:K.RECENT + 1] = arrays["freq"]
-        free, root, meta = (np.ascontiguousarray(arrays[n]) for n in ("free", "root", "meta"))
-        state = drafter._state._replace(links=links, freq=freq, free=free, root=root, meta=meta)
+        free, root, meta, cal = (np.ascontiguousarray(a) for a in (arrays["free"], arrays["root"], arrays["meta"], cal))
+        state = drafter._state._replace(links=links, freq=freq, free=free, root=root, meta=meta, cal=cal)
         code, node = K.find_corruption(state)
         if code:
             raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
@@ -420,6 +426,17 @@ class _RequestCore:
         """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),
         built positionally (half the cost of keywords, and it is built every step)."""
         return self.make_stream(self.tokens, self.n_counted, self.n_stream, self.n_prompt, self.count_from)
+
+
+def _check_calibration(path, cal: np.ndarray, cap: float) -> None:
+    """Refuse a saved calibration that learning could not have produced: per cell, candidates in
+    (0, cap) (the prior is positive; a count halves on reaching cap) and hits in [0, candidates]."""
+    counts, hits = cal
+    bad = ~(np.isfinite(counts) & np.isfinite(hits) & (counts > 0) & (counts < cap) & (hits >= 0) & (hits <= counts))
+    if bad.any():
+        cell = int(np.flatnonzero(bad)[0])
+        raise InputError(f"path: {str(path)!r} array 'cal' has cell {cell} = (candidates {counts[cell]!r}, hits "
+                         f"{hits[cell]!r}); expected 0 < candidates < {cap:g} and 0 <= hits <= candidates")
 
 
 def _write_atomically(path, folder: str, write) -> None:
