@@ -601,7 +601,7 @@ def test_save_load_round_trip(tmp_path):
     assert pool_contents(e._state) == pool_contents(d._state)
 
 
-def _calibrated_drafter(tmp_path):
+def _calibrated_drafter():
     """A busy trie whose requests proposed as they went, so its calibration has learnt."""
     d, rng, base = _busy_drafter(capacity=400)
     for _ in range(6):
@@ -619,7 +619,7 @@ def _calibrated_drafter(tmp_path):
 def test_save_load_keeps_the_calibration(tmp_path):
     """The calibration learnt so far travels with the file, so the loaded trie ranks candidates
     as the saved one did; a format-1 file (before `cal` was saved) loads with the prior."""
-    d, rng, base = _calibrated_drafter(tmp_path)
+    d, rng, base = _calibrated_drafter()
     prior = draftcore.drafters.trie_kernels.new_calibration()
     assert not np.array_equal(d._state.cal, prior)
     d.save(tmp_path / "t.npz")
@@ -637,7 +637,8 @@ def test_save_load_keeps_the_calibration(tmp_path):
     for _ in range(40):
         ctx = np.array(random_tokens(rng, base, 20, 6), np.int32)
         a, b, c = (x.propose(ctx, 6) for x in (d, e, f))
-        same &= a.tokens.tolist() == b.tokens.tolist() and np.array_equal(a.scores, b.scores)
+        same &= (a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+                 and np.array_equal(a.scores, b.scores))
         differs |= not np.array_equal(a.scores, c.scores)
     assert same
     assert differs  # the calibration decides these trees: without it the scores differ
