@@ -237,7 +237,7 @@ class TrieDrafter:
         if arrays["freq"][:, [0, 2]].any():
             raise InputError(f"path: {str(path)!r} holds a request's own counts (PROMPT or RECENT not zero); "
                              f"files written by save() never do")
-        cal = arrays.get("cal", K.new_calibration())
+        cal = arrays["cal"] if "cal" in arrays else K.new_calibration()   # format 1: the prior
         _check_calibration(path, cal, K.CAL_CAP)
         # The shapes match the config, so the drafter allocates no more than the file holds.
         try:
