@@ -69,7 +69,7 @@ def _plain_forward(verifier, tokens):
     cache, n_past = verifier._cache, verifier.n_past
     with torch.inference_mode():
         ids = torch.from_numpy(tokens).to(verifier.device, torch.long)[None]
-        out = verifier.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = verifier.model(input_ids=ids, use_cache=True, **{kv_cache.cache_keyword(verifier.model): cache})
         result = out.logits[0].argmax(-1).cpu().numpy()
     kv_cache.truncate(cache, n_past)
     return result

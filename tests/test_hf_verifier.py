@@ -9,6 +9,7 @@ may diverge after a near-tie, a step whose top-2 logits are closer than that noi
 """
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import draftcore  # noqa: E402
 from draftcore import BackendError, ConfigError, DraftcoreError, DraftTree, InputError  # noqa: E402
 from draftcore.acceptance import greedy_accept  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
+from draftcore.adapters.torch_hf.kv_cache import cache_keyword  # noqa: E402
 from draftcore.adapters.torch_hf.selfcheck import check_tree_attention  # noqa: E402
 from draftcore.selfcheck import N_POSITIONS  # noqa: E402
 from tiny_llama import tiny_llama  # noqa: E402
@@ -530,11 +532,43 @@ def test_self_check_needs_its_positions():
     HFVerifier(model, max_context=N_POSITIONS)
 
 
+# transformers >= 5.24 takes the cache as `cache`, and warns (FutureWarning, removal in 5.40) on `past_key_values`
+NEW_CACHE_NAME = "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
+
+
+class OldCacheNameLlama(LlamaForCausalLM):
+    """A forward declaring the cache by its name before transformers 5.24."""
+
+    def forward(self, *args, past_key_values=None, **kwargs):
+        name = "cache" if NEW_CACHE_NAME else "past_key_values"
+        return super().forward(*args, **{name: past_key_values}, **kwargs)
+
+
+def test_the_cache_is_passed_by_the_name_the_forward_declares():
+    import warnings
+
+    assert cache_keyword(OldCacheNameLlama(tiny_llama(seed=2).config)) == "past_key_values"
+    assert cache_keyword(tiny_llama(seed=2)) == ("cache" if NEW_CACHE_NAME else "past_key_values")
+    tree = DraftTree.build([5, 6, 7, 8], [-1, 0, 1, 0])
+    for cls in (LlamaForCausalLM, OldCacheNameLlama):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            verifier = HFVerifier(_copy_into(cls))   # its self-check prefills, verifies and commits
+            verifier.prefill(np.arange(2, 7, dtype=np.int32))
+            tokens, _ = verifier.verify(tree)
+            verifier.commit(np.array([0, 1], np.int32))
+        deprecations = [str(w.message) for w in caught if "past_key_values" in str(w.message)]
+        assert deprecations == [], (cls.__name__, deprecations)
+        assert verifier.n_past == 7
+
+
 class CacheIgnoringLlama(LlamaForCausalLM):
     """A forward that keeps its KV in a cache of its own instead of the one it is passed."""
 
-    def forward(self, *args, past_key_values=None, **kwargs):
-        return super().forward(*args, past_key_values=DynamicCache(), **kwargs)
+    def forward(self, *args, **kwargs):
+        keyword = cache_keyword(self)
+        kwargs[keyword] = DynamicCache()
+        return super().forward(*args, **kwargs)
 
 
 def test_a_model_that_ignores_the_cache_is_a_backend_error():

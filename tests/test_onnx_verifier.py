@@ -105,7 +105,10 @@ def export_2d_mask_graph(model, folder):
     """The tiny Llama traced with a 2-D mask and optimum's input/output names (no argmax)."""
     from transformers import DynamicCache
 
+    from draftcore.adapters.torch_hf.kv_cache import cache_keyword, returned_cache
+
     n_layers, kv, hd = model.config.num_hidden_layers, model.config.num_key_value_heads, 16
+    keyword = cache_keyword(model)
 
     class Standard(torch.nn.Module):
         def __init__(self):
@@ -117,8 +120,8 @@ def export_2d_mask_graph(model, folder):
             for i in range(n_layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True)
-            return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+                             use_cache=True, **{keyword: cache})
+            return (out.logits, *[t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)])
 
     past = [f"past_key_values.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]
     present = [f"present.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]

@@ -147,6 +147,10 @@ def _tree_forward(model, n_layers: int):
     import torch
     from transformers import DynamicCache
 
+    from draftcore.adapters.torch_hf.kv_cache import cache_keyword, returned_cache
+
+    keyword = cache_keyword(model)
+
     class TreeForward(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -157,9 +161,9 @@ def _tree_forward(model, n_layers: int):
             for i in range(n_layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **{keyword: cache})
             presents = []
-            for layer in out.past_key_values.layers:
+            for layer in returned_cache(out).layers:
                 presents += [layer.keys, layer.values]
             return (out.logits, out.logits.argmax(-1).to(torch.int32), *presents)
 

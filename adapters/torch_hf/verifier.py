@@ -33,7 +33,7 @@ from draftcore.tree import DraftTree
 from draftcore.validate import positive_int, token_array
 
 from . import kv_cache
-from .head import checked_split_head
+from .head import checked_split_head, decoder_of
 from .masks import tree_forward_inputs
 from .selfcheck import check_tree_attention, tolerance
 
@@ -101,6 +101,9 @@ class HFVerifier:
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
                                               tolerance(self._dtype), weight_major_rows, packed_linear)
+        # The cache argument's name (`cache` since transformers 5.24) as the forward that verify calls declares it
+        self._prefill_cache = kv_cache.cache_keyword(model)
+        self._verify_cache = kv_cache.cache_keyword(decoder_of(model) if self._split_head is not None else model)
         if self_check:
             check_tree_attention(self)
 
@@ -172,8 +175,8 @@ class HFVerifier:
             ids = torch.from_numpy(prompt).to(self._device, torch.long)[None]
             positions = torch.arange(prompt.shape[0], device=self._device)[None]
             # No attention_mask: the model builds its own causal mask (sdpa: is_causal) for a prompt.
-            out = self._model(input_ids=ids, position_ids=positions, past_key_values=cache,
-                              use_cache=True, **self._prefill_kwargs)
+            out = self._model(input_ids=ids, position_ids=positions, use_cache=True,
+                              **{self._prefill_cache: cache}, **self._prefill_kwargs)
             result = self._to_host(_logits(out)[0, -1:], n_logits)
         self._expect_cache_length(cache, prompt.shape[0], "prefill")
         self._cache, self._n_past = cache, int(prompt.shape[0])
@@ -201,7 +204,7 @@ class HFVerifier:
         try:
             with torch.inference_mode():
                 forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
-                               past_key_values=self._cache, use_cache=True)
+                               use_cache=True, **{self._verify_cache: self._cache})
                 if self._split_head is not None:
                     logits = self._split_head(**forward)             # [n, vocab] on the model's device
                 else:
@@ -295,7 +298,7 @@ class HFVerifier:
             self.reset()
             raise BackendError(
                 f"{type(self._model).__name__}.forward: after {where} the KV cache holds {got} positions, "
-                f"expected {expected}; the model does not use the DynamicCache passed as past_key_values")
+                f"expected {expected}; the model does not use the DynamicCache it was passed")
 
     def __repr__(self) -> str:
         return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
