@@ -26,6 +26,9 @@ handful of nodes in a hundred steps, and those its most optimistic picks. Replay
 SmolLM2 traces with the auto budget, llama.cpp costs: 1.43 / 1.09 tokens per step against 1.28 /
 1.06 (HumanEval / MT-Bench; the trie alone 1.43 / 1.10), a simulated 1.072x / 1.011x against
 1.041x / 1.002x; HF CPU costs 1.905x / 1.294x against 1.920x / 1.306x; a flat GPU cost unchanged.
+A proposal is judged on its first step's tokens alone, though a deep node under a prefix that came
+true is then left out and its rates read low: waiting until every node settles measured worse
+(docs/design.md, "The merge").
 
 The model's token at every verified candidate (`observe`) feeds the n-gram tables, whoever
 proposed the node, and the window's outputs feed the Jacobi pool. The window is attached whenever
@@ -137,7 +140,8 @@ class CompositeRequest:
 
     @property
     def acceptance(self) -> np.ndarray:
-        """Each source's recent acceptance rate over all its verified nodes (NaN: none verified)."""
+        """Each source's recent acceptance rate over the nodes its calibration counted: every proposed
+        node its first step settled (learn_from "outcomes"), or the verified ones (NaN: none)."""
         offered = (self.offered - self._prior_offered).sum(axis=1)
         accepted = (self.accepted - self._prior_accepted).sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
