@@ -18,6 +18,10 @@ the merged tree is best first and the budget policy may cut it anywhere; its sco
 acceptance estimates, which is what the policy expects of a drafter's scores. On the recorded
 SmolLM2 traces with HF CPU costs this took the composite's simulated speedup from 1.72x / 1.27x
 (one rate per source) to 1.81x / 1.36x (HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
+With today's trie (which improved since) replay puts the composite behind the trie on
+that table (1.93x / 1.30x against 1.96x / 1.34x, 4 orders); on the real model it leads, because its
+n-gram tables learn the model's tokens at rejected candidates, which replay cannot see
+(docs/design.md, "Replay"; benchmarks/model_outputs_value.py).
 
 The rates are learnt from every proposed node as the step's emitted tokens settle it
 (`learn_from="outcomes"`, the default), not only from the nodes the budget verified
