@@ -14,16 +14,15 @@ machine's speed (or its load), for:
     composite-blind the same with NGramDrafter(learn_from_model=False)
 
 Each drafter is new for its dataset and kept across the dataset's prompts (as the bench keeps a
-session's drafter); the first prompt warms it and is not counted. Every output must equal the first
-drafter's (all are greedy and lossless), or the script fails.
+session's drafter); the first prompt warms it and is not counted. The drafters run side by side per
+prompt (draftcore.tools.bench.run_benchmark); every output must equal the first drafter's (all are
+greedy and lossless), or the script fails.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-
-import numpy as np
 
 from _common import markdown_table, write_json
 
@@ -43,10 +42,29 @@ def make_drafter(name: str):
     return CompositeDrafter(window=False, ngram=NGramDrafter(learn_from_model=False))
 
 
-def main():
+def drafter_method(name: str, verifier, budget: int, eos_token_id: int):
+    """A bench Method: `speculate` with a new drafter of `name` per dataset, kept across its prompts."""
     import draftcore
+    from draftcore.tools.bench import Method, Run
+
+    state = {}
+
+    def reset():
+        state["drafter"] = make_drafter(name)
+
+    def run(prompt_ids, max_new_tokens) -> Run:
+        result = draftcore.speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, drafter=state["drafter"],
+                                     budget=budget, eos_token_id=eos_token_id)
+        st = result.stats
+        return Run(result.tokens, st.time_total, st.steps, st.time_drafting, dict(st.budget_hist))
+
+    return Method(name, run, reset)
+
+
+def main():
     from draftcore.adapters.torch_hf import HFVerifier
     from draftcore.adapters.torch_hf.bench import load_model, load_prompts
+    from draftcore.tools.bench import run_benchmark
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=int, default=8, help="drafted candidates verified per step (fixed)")
@@ -56,32 +74,24 @@ def main():
     args = ap.parse_args()
 
     model, tokenizer = load_model(None)
-    eos = tokenizer.eos_token_id
+    methods = [drafter_method(name, HFVerifier(model), args.budget, tokenizer.eos_token_id) for name in DRAFTERS]
+    prompts = [p for dataset in args.datasets.split(",") for p in load_prompts(tokenizer, dataset, args.n + 1)]
+    records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=1)
+    changed = [r for r in records if r["identical"] is False]
+    if changed:
+        r = changed[0]
+        raise SystemExit(f"{r['dataset']} prompt {r['idx']}: {r['method']} changed the greedy output "
+                         f"(expected {DRAFTERS[0]}'s)")
     rows, results = [], []
     for dataset in args.datasets.split(","):
-        prompts = load_prompts(tokenizer, dataset, args.n + 1)
-        reference = None
         for name in DRAFTERS:
-            drafter, verifier = make_drafter(name), HFVerifier(model)
-            outputs, per_prompt, tokens, steps = [], [], 0, 0
-            for prompt in prompts:
-                result = draftcore.speculate(verifier, prompt.ids, max_new_tokens=args.max_new_tokens,
-                                             drafter=drafter, budget=args.budget, eos_token_id=eos)
-                if prompt.idx == 0:
-                    continue   # warm-up
-                outputs.append(result.tokens)
-                per_prompt.append(result.stats.tokens_per_step)
-                tokens, steps = tokens + result.stats.new_tokens, steps + result.stats.steps
-            if reference is None:
-                reference = outputs
-            elif not all(np.array_equal(a, b) for a, b in zip(outputs, reference)):
-                raise SystemExit(f"{dataset}: {name} changed the greedy output (expected {DRAFTERS[0]}'s)")
-            results.append(dict(dataset=dataset, drafter=name, budget=args.budget, prompts=len(per_prompt),
-                                tokens_per_step_median=statistics.median(per_prompt),
-                                tokens_per_step_all=tokens / steps))
-            rows.append([dataset, name, f"{statistics.median(per_prompt):.3f}", f"{tokens / steps:.3f}"])
-            print(f"{dataset} {name}: median {rows[-1][2]}, all tokens {rows[-1][3]}", flush=True)
-    print(f"\nSmolLM2-135M fp32, HF CPU, fixed budget {args.budget}, {args.n} prompts a dataset; "
+            runs = [r for r in records if r["dataset"] == dataset and r["method"] == name]
+            median = statistics.median(r["tokens_per_step"] for r in runs)
+            overall = sum(r["new_tokens"] for r in runs) / sum(r["steps"] for r in runs)
+            results.append(dict(dataset=dataset, drafter=name, budget=args.budget, prompts=len(runs),
+                                tokens_per_step_median=median, tokens_per_step_all=overall))
+            rows.append([dataset, name, f"{median:.3f}", f"{overall:.3f}"])
+    print(f"SmolLM2-135M fp32, HF CPU, fixed budget {args.budget}, {args.n} prompts a dataset; "
           f"outputs identical across drafters")
     print(markdown_table(["dataset", "drafter", "tokens/step (median)", "tokens/step (all)"], rows))
     print("wrote", write_json("model_outputs_value.json", dict(config=vars(args), results=results)))
