@@ -1,17 +1,19 @@
 """What drafters gain from the model's tokens at rejected candidates, on the real model.
 
     python benchmarks/model_outputs_value.py [--budget 8] [--datasets mtbench,humaneval] [--n 20]
+                                             [--drafters trie-blind,trie,composite,composite-blind]
 
 Replay cannot measure this: a recorded trace knows the model's token only on the recorded output,
-so what the n-gram tables learn from `observe` (`NGramDrafter(learn_from_model=True)`, the model's
-token at every verified candidate off the accepted path) is invisible there, and replayed on the
-HF CPU cost table the composite trails the trie. This script runs SmolLM2 (HF, CPU) greedily
-through `draftcore.speculate` with a fixed budget, so tokens per step do not depend on this
-machine's speed (or its load), for:
+so what the trie and the n-gram tables learn from `observe` (`learn_from_model`, the model's
+token at every verified candidate off the accepted path) is invisible there. This script runs
+SmolLM2 (HF, CPU) greedily through `draftcore.speculate` with a fixed budget, so tokens per step do
+not depend on this machine's speed (or its load), for (`--drafters`, the first is the reference):
 
-    trie            TrieDrafter()
-    composite       CompositeDrafter(window=False): trie + n-gram tables that learn from the model
-    composite-blind the same with NGramDrafter(learn_from_model=False)
+    trie-blind            TrieDrafter(learn_from_model=False)
+    trie                  TrieDrafter(): it learns the model's tokens for the request in progress
+    composite             CompositeDrafter(window=False): trie + n-gram tables, both learning
+    composite-trie-blind  the same with TrieDrafter(learn_from_model=False)
+    composite-blind       neither learning
 
 Each drafter is new for its dataset and kept across the dataset's prompts (as the bench keeps a
 session's drafter); the first prompt warms it and is not counted. The drafters run side by side per
@@ -28,18 +30,22 @@ from _common import markdown_table, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-DRAFTERS = ("trie", "composite", "composite-blind")
+DRAFTERS = ("trie-blind", "trie", "composite", "composite-trie-blind", "composite-blind")
 
 
 def make_drafter(name: str):
     from draftcore.drafters.composite import CompositeDrafter
     from draftcore.drafters.ngram import NGramDrafter
     from draftcore.drafters.trie import TrieDrafter
-    if name == "trie":
-        return TrieDrafter()
-    if name == "composite":
-        return CompositeDrafter(window=False)
-    return CompositeDrafter(window=False, ngram=NGramDrafter(learn_from_model=False))
+    makers = {
+        "trie-blind": lambda: TrieDrafter(learn_from_model=False),
+        "trie": TrieDrafter,
+        "composite": lambda: CompositeDrafter(window=False),
+        "composite-trie-blind": lambda: CompositeDrafter(window=False, trie=TrieDrafter(learn_from_model=False)),
+        "composite-blind": lambda: CompositeDrafter(window=False, trie=TrieDrafter(learn_from_model=False),
+                                                    ngram=NGramDrafter(learn_from_model=False)),
+    }
+    return makers[name]()
 
 
 def drafter_method(name: str, verifier, budget: int, eos_token_id: int):
@@ -71,20 +77,25 @@ def main():
     ap.add_argument("--datasets", default="mtbench,humaneval")
     ap.add_argument("--n", type=int, default=20, help="prompts counted per dataset (one more warms up)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--drafters", default=",".join(DRAFTERS), help=f"some of {','.join(DRAFTERS)}")
     args = ap.parse_args()
+    drafters = args.drafters.split(",")
+    unknown = sorted(set(drafters) - set(DRAFTERS))
+    if unknown:
+        raise SystemExit(f"--drafters: {unknown[0]!r} is not one of {', '.join(DRAFTERS)}")
 
     model, tokenizer = load_model(None)
-    methods = [drafter_method(name, HFVerifier(model), args.budget, tokenizer.eos_token_id) for name in DRAFTERS]
+    methods = [drafter_method(name, HFVerifier(model), args.budget, tokenizer.eos_token_id) for name in drafters]
     prompts = [p for dataset in args.datasets.split(",") for p in load_prompts(tokenizer, dataset, args.n + 1)]
     records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=1)
     changed = [r for r in records if r["identical"] is False]
     if changed:
         r = changed[0]
         raise SystemExit(f"{r['dataset']} prompt {r['idx']}: {r['method']} changed the greedy output "
-                         f"(expected {DRAFTERS[0]}'s)")
+                         f"(expected {drafters[0]}'s)")
     rows, results = [], []
     for dataset in args.datasets.split(","):
-        for name in DRAFTERS:
+        for name in drafters:
             runs = [r for r in records if r["dataset"] == dataset and r["method"] == name]
             median = statistics.median(r["tokens_per_step"] for r in runs)
             overall = sum(r["new_tokens"] for r in runs) / sum(r["steps"] for r in runs)

@@ -69,6 +69,8 @@ class NaiveRequest:
         self.n_prompt = self.n_counted = len(self.stream)
         self.ended = False
         self.proposals = []  # (stream length, (tokens, parents, depths, cells)) not learnt from yet
+        self.learnt = []     # snippets (prefix tail + the model's token) counted as this request's own, oldest first
+        self.context = None  # the context of the last propose, until its tree is observed
 
     def update(self, tokens) -> None:
         """Append tokens; like TrieRequest, they are counted at the next propose or at finish."""
@@ -90,7 +92,27 @@ class NaiveRequest:
         draft = self.trie._draft(self, context, budget)
         if self.trie.calibrated and len(context) == len(self.stream):
             self.proposals.append((len(self.stream), (draft.tokens, draft.parents, draft.depths, draft.cells)))
+        self.context = [int(t) for t in context]
         return draft.as_tuple()
+
+    def observe(self, tokens, parents, n_candidates, node_tokens, path) -> None:
+        """The model's token at each candidate off `path` (node_tokens[i] >= 0) continues that
+        candidate's prefix: count it as this request's own (NaiveTrie._learn_model)."""
+        assert not self.ended
+        if not self.trie.learn_from_model or self.context is None:
+            return
+        context, self.context = self.context, None
+        touched = []
+        for i in range(1, n_candidates):
+            if i in path or not 0 <= node_tokens[i] < self.trie.token_limit:
+                continue
+            prefix, node = [], i
+            while node > 0:
+                prefix.append(int(tokens[node]))
+                node = parents[node]
+            prefix = context + prefix[::-1]
+            self.trie._learn_model(self, prefix[-self.trie.learn_context:] + [int(node_tokens[i])], touched)
+        self.trie._sweep_touched(touched)
 
     def finish(self) -> None:
         if self.ended:
@@ -98,6 +120,11 @@ class NaiveRequest:
         self.count()
         trie = self.trie
         trie._learn(self, final=True)
+        touched = []
+        for snippet in self.learnt:
+            trie._uncount_model(self, snippet, touched)
+        trie._sweep_touched(touched)
+        self.learnt = []
         trie._end_request(self, self.stream, self.n_prompt if trie.insert_prompt else 0,
                           keep_prompt=not trie.eliminate_prompt)
         self.ended = True
@@ -123,7 +150,9 @@ class NaiveTrie:
     def __init__(self, capacity: int, branch_length: int, max_match: int = 8, prompt_weight: float = 16.0,
                  recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True, use_top: bool = True,
                  layout: str = "hierarchical", insert_prompt: bool = True, insert_output: bool = True,
-                 eliminate_prompt: bool = True, heap_capacity: int = HEAP_CAPACITY, calibrate: bool = True):
+                 eliminate_prompt: bool = True, heap_capacity: int = HEAP_CAPACITY, calibrate: bool = True,
+                 learn_from_model: bool = True, learn_context: int = 4, learn_capacity: int = 1024,
+                 token_limit: int = 1 << 18):
         assert layout in ("hierarchical", "single")
         self.capacity, self.branch_length, self.max_match = capacity, branch_length, max_match
         self.prompt_weight, self.recent_weight = float(prompt_weight), float(recent_weight)
@@ -132,6 +161,8 @@ class NaiveTrie:
         self.insert_prompt, self.insert_output = insert_prompt, insert_output
         self.eliminate_prompt = eliminate_prompt
         self.heap_capacity = heap_capacity
+        self.learn_from_model, self.learn_context = learn_from_model, learn_context
+        self.learn_capacity, self.token_limit = learn_capacity, token_limit
         self.calibrated = calibrate and fill and not self.single
         edges = (0.0,) + CAL_EDGES + (1.0,)
         # {(context length, bin): [candidates whose parent path came true, of them came true too]}
@@ -221,13 +252,10 @@ class NaiveTrie:
                     continue
                 parent = self.find(stream[s:p])
                 if parent is None:
-                    continue  # the branch lost a node earlier (pool full or pruned): it ends
-                node = parent.children.get(token)
+                    continue  # no node for the branch so far (pool full, or pruned): nothing to extend
+                node = self._child_or_new(parent, token)
                 if node is None:
-                    if self.n_nodes >= self.capacity:
-                        continue
-                    node = parent.children[token] = Node(token)
-                    self.n_nodes += 1
+                    continue
                 own = node.own_counts(request)
                 if s < n_prompt:
                     node.prompt = F32(node.prompt + one)
@@ -236,6 +264,14 @@ class NaiveTrie:
                     node.output = F32(node.output + one)
                     node.recent = F32(node.recent + one)
                     own[1] = F32(own[1] + one)
+
+    def _child_or_new(self, parent, token):
+        """parent's child holding `token`, created if missing and the pool has room; else None."""
+        node = parent.children.get(token)
+        if node is None and self.n_nodes < self.capacity:
+            node = parent.children[token] = Node(token)
+            self.n_nodes += 1
+        return node
 
     def _all_nodes(self):
         stack = list(self.root.children.values())
@@ -311,7 +347,62 @@ class NaiveTrie:
                 if node.total() < 1.0:
                     touched.append(stream[s:q])
                     break
-        for path in touched:
+        self._free_below_one(touched)
+        self.n_prunes += 1
+
+    # -- the model's tokens, learnt for one request -------------------------------------------------
+    def _learn_model(self, request, snippet, touched) -> None:
+        """Count one snippet (prefix tail, then the model's token t): after each suffix of the tail
+        whose node exists, t's node (created where missing and a node is free) gains one own PROMPT
+        count; the suffix node gains nothing. A full ring forgets its oldest first; when fewer than
+        learn_context nodes are free, room is made first (which frees every node below 1: what
+        `touched` holds so far is done with)."""
+        if len(request.learnt) == self.learn_capacity:
+            self._uncount_model(request, request.learnt.pop(0), touched)
+        if self.capacity - self.n_nodes < self.learn_context:
+            self._make_room(max(self.learn_context, self.capacity // 8))
+            touched.clear()
+        one, token = F32(1.0), snippet[-1]
+        for s in range(len(snippet) - 1):
+            parent = self.find(snippet[s:-1])
+            if parent is None:
+                continue
+            node = self._child_or_new(parent, token)
+            if node is None:
+                continue
+            own = node.own_counts(request)
+            node.prompt = F32(node.prompt + one)
+            own[0] = F32(own[0] + one)
+        request.learnt.append(list(snippet))
+
+    def _uncount_model(self, request, snippet, touched) -> None:
+        """Take one own PROMPT count (not below 0) from t's node after each suffix, where both
+        still stand; the suffix of a node that fell below 1 goes to `touched`."""
+        token = snippet[-1]
+        for s in range(len(snippet) - 1):
+            parent = self.find(snippet[s:-1])
+            node = None if parent is None else parent.children.get(token)
+            if node is None:
+                continue
+            own = node.own.get(request.id)
+            if own is not None:
+                before = own[0]
+                own[0] = after = F32(max(float(before) - 1.0, 0.0))
+                node.prompt = F32(max(float(node.prompt) - float(F32(before - after)), 0.0))
+                if own[0] == 0.0 and own[1] == 0.0:
+                    del node.own[request.id]
+            if node.total() < 1.0:
+                touched.append(snippet[s:-1])
+
+    def _sweep_touched(self, touched) -> None:
+        """Free the children below 1 of each touched path (one prune pass, when there is any)."""
+        if touched:
+            self._free_below_one(touched)
+            self.n_prunes += 1
+
+    def _free_below_one(self, paths) -> None:
+        """For each path still in the trie, free its children below 1 with everything below them."""
+        for path in paths:
             parent = self.find(path)
             if parent is None:
                 continue  # freed with an ancestor
@@ -319,7 +410,6 @@ class NaiveTrie:
                 if child.total() < 1.0:
                     self.n_nodes -= child.size()
                     del parent.children[token]
-        self.n_prunes += 1
 
     # -- retrieval --------------------------------------------------------------------------------
     def _propose(self, request, context, budget: int):

@@ -98,6 +98,37 @@ def random_script(rng, vocab, token_limit, n_requests=None, max_live=None):
     return ops
 
 
+def with_observes(ops, rng, rate=0.7):
+    """The script with, after most proposals of a request on its own stream, an observe of that
+    proposal: ("observe", rid, seed), the seed drawing an accepted path and the model's tokens."""
+    out = []
+    for op in ops:
+        out.append(op)
+        if op[0] == "propose" and op[1] is not None and rng.random() < rate:
+            out.append(("observe", op[1], int(rng.integers(0, 2**31))))
+    return out
+
+
+def random_observation(tree: DraftTree, seed: int, token_limit: int):
+    """(node_tokens, path) for `tree` as a verify might give them: a random root-first path
+    through its candidates, and at every node a token (often one the tree holds, so learnt
+    continuations meet drafted ones), sometimes -1 (not evaluated) or token_limit (beyond the trie)."""
+    rng = np.random.default_rng(seed)
+    m = tree.n_candidates
+    path = [0]
+    while rng.random() < 0.6:
+        kids = [i for i in range(1, m) if tree.parents[i] == path[-1]]
+        if not kids:
+            break
+        path.append(int(rng.choice(kids)))
+    pick = rng.random(len(tree))
+    node_tokens = np.where(pick < 0.5, tree.tokens[rng.integers(0, len(tree), len(tree))],
+                           rng.integers(0, token_limit, len(tree)))
+    node_tokens[pick > 0.9] = -1
+    node_tokens[pick > 0.97] = token_limit
+    return node_tokens.astype(np.int32), np.array(path, np.int32)
+
+
 def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie, requests=()):
     drafter.check_integrity()
     state = drafter._state
@@ -120,8 +151,9 @@ def assert_same_tree(tree: DraftTree, expected, budget):
 
 def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op=True):
     drafter = TrieDrafter(**params, token_limit=token_limit)
-    naive = NaiveTrie(**params)
+    naive = NaiveTrie(**params, token_limit=token_limit)
     requests = {}  # rid -> (TrieRequest, NaiveRequest)
+    trees = {}     # rid -> its last proposal, until observed
     n_proposed = 0
     for op in ops:
         kind = op[0]
@@ -157,9 +189,19 @@ def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op
                     context = twin.stream
             tree = mine.propose(np.array(context, np.int32), budget)
             assert_same_tree(tree, twin.propose(context, budget), budget)
+            trees[rid] = tree
             DraftTree.build(tree.tokens, tree.parents, tree.depths)  # a valid tree
             assert tree.tokens[0] == context[-1]
             n_proposed += 1
+        elif kind == "observe":
+            mine, twin = requests.get(op[1], (None, None))
+            tree = trees.pop(op[1], None)
+            if mine is None or tree is None:
+                continue
+            node_tokens, path = random_observation(tree, op[2], token_limit)
+            mine.observe(tree, node_tokens, path)
+            twin.observe(tree.tokens.tolist(), tree.parents.tolist(), tree.n_candidates, node_tokens.tolist(),
+                         path.tolist())
         if check_every_op or rng.random() < 0.3:
             assert_same_trie(drafter, naive, requests.values())
     for rid in sorted(requests):  # requests left unfinished end now
@@ -261,6 +303,157 @@ def test_trie_matches_naive_each_mode(fill, layout):
         vocab, token_limit, params = random_params(rng)
         params.update(fill=fill, layout=layout)
         run_script(params, token_limit, random_script(rng, vocab, token_limit), rng, check_every_op=False)
+
+
+# -- the model's tokens, learnt for the request in progress ------------------------------------------
+def random_learning(rng) -> dict:
+    return dict(learn_from_model=bool(rng.random() < 0.9), learn_context=int(rng.integers(1, 6)),
+                learn_capacity=int(rng.choice([1, 2, 3, 8, 1024])))
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1))
+def test_trie_learning_the_model_matches_naive_hypothesis(seed):
+    """Scripts with observes: every learnt count, every forgotten one (a full ring, a request's
+    end), every prune they cause and every draft match the twin."""
+    rng = np.random.default_rng(seed)
+    vocab, token_limit, params = random_params(rng)
+    params.update(random_learning(rng))
+    run_script(params, token_limit, with_observes(random_script(rng, vocab, token_limit), rng), rng)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_trie_learning_the_model_matches_naive_in_a_small_pool(seed):
+    """Three requests at once, long, observing every step, in a pool small enough that learning
+    makes room (decay and pruning) and sometimes cannot count a continuation at all."""
+    rng = np.random.default_rng(1300 + seed)
+    vocab, token_limit, params = random_params(rng)
+    params.update(random_learning(rng), learn_from_model=True)
+    params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(0, 60))
+    ops = random_script(rng, vocab, token_limit, n_requests=5, max_live=3)
+    run_script(params, token_limit, with_observes(ops, rng, rate=1.0), rng)
+
+
+def _learning_pair(**options):
+    """A learning drafter and a blind one, alike otherwise."""
+    config = dict(capacity=1000, branch_length=4, token_limit=20, use_top=False, calibrate=False, learn_context=2)
+    config.update(options)
+    return TrieDrafter(**config), TrieDrafter(**dict(config, learn_from_model=False))
+
+
+def _own_delta(learning, blind, r_learning, r_blind) -> dict:
+    mine = pool_own_contents(learning._state, r_learning._core.slot)
+    theirs = pool_own_contents(blind._state, r_blind._core.slot)
+    return {p: mine.get(p, (0.0, 0.0))[0] - theirs.get(p, (0.0, 0.0))[0] for p in set(mine) | set(theirs)
+            if mine.get(p, (0.0, 0.0)) != theirs.get(p, (0.0, 0.0))}
+
+
+def test_a_rejected_candidates_model_token_is_learnt_for_the_request_and_leaves_with_it():
+    prompt = np.array([7, 1, 2, 3, 7, 1, 2], np.int32)
+    learning, blind = _learning_pair()
+    runs = []
+    for d in (learning, blind):
+        r = d.start(prompt)
+        tree = r.propose(prompt, 1)            # "7 1 2" was followed by 3
+        assert tree.tokens.tolist() == [2, 3]
+        # The model rejects 3 (says 5 at the root) and, after 1 2 3, would have said 9.
+        r.observe(tree, np.array([5, 9], np.int32), np.array([0], np.int32))
+        r.update(np.array([5], np.int32))
+        runs.append(r)
+    # The snippet (2 3 | 9), learn_context 2: 9 after "2 3" and after "3", one own PROMPT count
+    # each; the suffix nodes gain nothing.
+    assert _own_delta(learning, blind, *runs) == {(2, 3, 9): 1.0, (3, 9): 1.0}
+    learning.check_integrity()
+    # After 3, this request now drafts 9 (weighted as prompt text) beside the prompt's 7.
+    drafts = [r.propose(np.array([2, 3], np.int32), 4) for r in runs]
+    assert 9 in drafts[0].tokens.tolist() and 9 not in drafts[1].tokens.tolist()
+    for r in runs:
+        r.finish()
+    learning.check_integrity()
+    assert pool_contents(learning._state) == pool_contents(blind._state)  # nothing learnt outlives it
+
+
+def test_a_full_ring_forgets_its_oldest_continuation():
+    prompt = np.array([7, 1, 2, 3, 7, 1, 4, 7, 1, 6], np.int32)
+    learning, blind = _learning_pair(learn_capacity=1, learn_context=1)
+    runs = []
+    for d in (learning, blind):
+        r = d.start(prompt)
+        tree = r.propose(np.array([7, 1], np.int32), 3)   # "7 1" was followed by 2, 4 and 6
+        assert sorted(tree.tokens.tolist()[1:]) == [2, 4, 6]
+        node_tokens = np.array([0, 11, 12, 13], np.int32)  # the model's token after each
+        r.observe(tree, node_tokens, np.array([0], np.int32))
+        runs.append((r, tree))
+    r, tree = runs[0]
+    last = int(tree.tokens[3])   # counted in node order: only the last candidate's is kept
+    assert last == 6 and _own_delta(learning, blind, r, runs[1][0]) == {(6, 13): 1.0}
+    assert r._core.learnt.ring.tolist() == [0, 1]   # (oldest, count) of a ring of one
+    for r, _ in runs:
+        r.finish()
+    assert pool_contents(learning._state) == pool_contents(blind._state)
+
+
+def test_learning_leaves_other_requests_drafts_alone():
+    """A request's learnt counts are its own: another request in progress drafts exactly what it
+    would draft beside a request that learns nothing."""
+    rng = np.random.default_rng(5)
+    learning, blind = _learning_pair(learn_context=3)
+    base = rng.integers(0, 12, 30).tolist()
+    prompts = [np.array(random_tokens(rng, base, 12, 25), np.int32) for _ in range(2)]
+    pairs = [(learning.start(p), blind.start(p)) for p in prompts]
+    streams = [list(p) for p in prompts]
+    for step in range(30):
+        (a, a_blind), (b, b_blind) = pairs
+        tree = a.propose(np.array(streams[0], np.int32), 6)
+        a_blind.propose(np.array(streams[0], np.int32), 6)
+        node_tokens, path = random_observation(tree, step, 12)
+        a.observe(tree, node_tokens, path)
+        other = b.propose(np.array(streams[1], np.int32), 6)
+        alone = b_blind.propose(np.array(streams[1], np.int32), 6)
+        assert_same_tree(other, (alone.tokens.tolist(), alone.parents.tolist(), alone.depths.tolist(),
+                                 alone.scores.tolist()), 6)
+        for i, (x, y) in enumerate(pairs):
+            tokens = np.array(random_tokens(rng, base, 12, 2), np.int32)
+            x.update(tokens), y.update(tokens)
+            streams[i] += tokens.tolist()
+    assert learning._state.freq[:, 4].sum() > blind._state.freq[:, 4].sum()   # request a did learn
+    for pair in pairs:
+        for r in pair:
+            r.finish()
+    learning.check_integrity()
+    assert pool_contents(learning._state) == pool_contents(blind._state)
+
+
+def test_observe_refuses_bad_arguments_and_changes_nothing():
+    d = TrieDrafter(capacity=100, branch_length=4, token_limit=10)
+    r = d.start(np.array([1, 2, 3, 1, 2], np.int32))
+    tree = r.propose(np.array([1, 2, 3, 1, 2], np.int32), 1)
+    assert tree.n_candidates == 2
+    good = np.array([4, 5], np.int32)
+    before = pool_contents(d._state)
+    cases = [
+        (dict(node_tokens=np.array([4], np.int32)), "node_tokens"),
+        (dict(node_tokens=np.array([4.0, 5.0])), "node_tokens"),
+        (dict(path=np.array([1], np.int32)), "path"),
+        (dict(path=np.array([0, 2], np.int32)), "path"),
+        (dict(path=np.array([], np.int32)), "path"),
+        (dict(tree=DraftTree.build([7, 3], [-1, 0], [0, 1])), "tree"),
+        (dict(tree="tree"), "tree"),
+    ]
+    for change, name in cases:
+        args = dict(tree=tree, node_tokens=good, path=np.array([0], np.int32))
+        args.update(change)
+        with pytest.raises(InputError) as info:
+            r.observe(**args)
+        assert str(info.value).startswith(name), str(info.value)
+        assert pool_contents(d._state) == before and r._core.learnt.ring[1] == 0
+    r.observe(tree, good, np.array([0], np.int32))   # the request still observes its tree
+    assert r._core.learnt.ring[1] == 1
+    r.observe(tree, good, np.array([0], np.int32))   # a second observe of one proposal: nothing
+    assert r._core.learnt.ring[1] == 1
+    r.finish()
+    with pytest.raises(InputError, match="request: observe.*finished"):
+        r.observe(tree, good, np.array([0], np.int32))
 
 
 def test_insert_output_and_no_elimination_match_naive():
@@ -883,7 +1076,9 @@ def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
     (else the first real call compiles, inside a timed decode step)."""
     from draftcore.drafters import trie_kernels as K
     TrieDrafter(capacity=100, branch_length=4, token_limit=10)  # runs warm_up once per process
-    kernels = [K.step, K.retrieve, K.extend, K.end_request, K.make_room, K.refresh_top, K.find_corruption]
+    from draftcore.drafters import trie_model_kernels as M
+    kernels = [K.step, K.retrieve, K.extend, K.end_request, K.make_room, K.refresh_top, K.find_corruption,
+               M.learn, M.forget_all]
     before = {k.__name__: set(k.signatures) for k in kernels}
     for layout in LAYOUTS:
         d = TrieDrafter(capacity=100, branch_length=4, token_limit=10, layout=layout, fill=layout != "single")
@@ -891,7 +1086,8 @@ def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
         r = d.start([1, 2, 3])
         r.update([1, 2])
         r.propose([3, 1, 2], 3)
-        r.propose(np.array([1, 2], np.int32), 100)  # a budget beyond the first buffers
+        tree = r.propose(np.array([1, 2], np.int32), 100)  # a budget beyond the first buffers
+        r.observe(tree, np.full(len(tree), 3, np.int32), np.array([0], np.int32))
         d.check_integrity()
         r.finish()
         d.save(tmp_path / "t.npz")

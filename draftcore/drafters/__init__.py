@@ -4,6 +4,8 @@
     trie                 TrieDrafter: n-grams of the prompt and of every past output (shared pool)
     trie-uncalibrated    the same ranking its candidates by raw relative weights, longest match
                          first (calibrate=False): what `trie` was before its calibration
+    trie-blind           the same not learning the model's tokens at rejected candidates
+                         (learn_from_model=False): what `trie` was before it learnt them
     ngram                NGramDrafter: multi-level n-gram tables of the request's own text
     ngram-paper          NGramDrafter.paper(): ANPD as published (N=5, K=7, one chain)
     jacobi               JacobiDrafter: lookahead decoding's window and n-gram pool
@@ -28,6 +30,7 @@ __all__ = ["TrieDrafter", "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "
 _FACTORIES = {
     "trie": lambda vocab: TrieDrafter(token_limit=vocab),
     "trie-uncalibrated": lambda vocab: TrieDrafter(token_limit=vocab, calibrate=False),
+    "trie-blind": lambda vocab: TrieDrafter(token_limit=vocab, learn_from_model=False),
     "ngram": lambda vocab: NGramDrafter(),
     "ngram-paper": lambda vocab: NGramDrafter.paper(),
     "jacobi": lambda vocab: JacobiDrafter(),

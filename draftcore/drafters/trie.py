@@ -5,7 +5,9 @@ trie_kernels.
 One trie lives across requests, and serves any number of them at once: `start(prompt)` returns a
 `TrieRequest` that holds the request's own state (its token stream, its prompt branches' and its
 output's own counts, in a slot of its own), while the output branches every request teaches are
-shared (and decay when the pool is full). A request's end removes only its own prompt branches.
+shared (and decay when the pool is full). A request also learns, for itself only, the model's
+tokens at its rejected candidates (`observe`; trie_model_kernels). A request's end removes only its
+own prompt branches and what it learnt.
 Every operation on the shared pool holds the drafter's lock, so worker threads may share one
 TrieDrafter, each with its own verifier. Save it with `save` (atomic, allowed at any time),
 restore with `load`.
@@ -30,6 +32,11 @@ restore with `load`.
                                  the node rows, each further one 8 bytes per pool node (allocated
                                  as requests arrive)
     insert_prompt, insert_output, eliminate_prompt: the paper's ablations (Table 3), all True
+    learn_from_model   True      the model's token at each verified candidate off the accepted
+                                 path (`observe`) counts, for this request only, as a prompt-like
+                                 continuation of that candidate's prefix (trie_model_kernels)
+    learn_context      4         most prefix tokens such a continuation is matched by
+    learn_capacity     1024      continuations a request keeps (the oldest is forgotten first)
 
 The configuration is fixed at construction (the kernels get it as one Settings value), so the
 retrieval settings are read-only attributes. Defaults were tuned by replaying real SmolLM2 traces
@@ -53,6 +60,7 @@ from ..jit import kernels
 LAYOUTS = ("hierarchical", "parallel", "single")
 _SAVE_FORMAT = 2      # 2 adds the calibration (`cal`); format-1 files load with the prior
 _KERNELS = "draftcore.drafters.trie_kernels"
+_MODEL_KERNELS = "draftcore.drafters.trie_model_kernels"
 _SAVED_ARRAYS = ("links", "freq", "free", "root", "meta", "cal")  # the TrieState fields a file holds
 _DEFAULT_BUDGET = 64  # draft buffers are sized for this many nodes until a larger budget comes
 _FIRST_SLOTS = 4      # request slots allocated up front; more (up to max_requests) as requests arrive
@@ -81,8 +89,10 @@ class TrieDrafter:
                  prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
                  use_top: bool = True, calibrate: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
                  max_requests: int = 32, insert_prompt: bool = True, insert_output: bool = True,
-                 eliminate_prompt: bool = True):
+                 eliminate_prompt: bool = True, learn_from_model: bool = True, learn_context: int = 4,
+                 learn_capacity: int = 1024):
         K = self._K = kernels(_KERNELS)
+        self._model_kernels = kernels(_MODEL_KERNELS)
         self.branch_length = positive_int("branch_length", branch_length, minimum=2)
         self.capacity = positive_int("capacity", capacity)
         if self.capacity <= 2 * self.branch_length:
@@ -105,6 +115,9 @@ class TrieDrafter:
         self.max_requests = positive_int("max_requests", max_requests)
         self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
         self.eliminate_prompt = bool(eliminate_prompt)
+        self.learn_from_model = bool(learn_from_model)
+        self.learn_context = positive_int("learn_context", learn_context)
+        self.learn_capacity = positive_int("learn_capacity", learn_capacity)
         self._state = K.new_state(self.capacity, self.token_limit, min(_FIRST_SLOTS, self.max_requests))
         self._lock = threading.Lock()  # held by every kernel call on the shared pool
         # Requests dropped without finish(): their finalizers only append here (a finalizer may run
@@ -114,9 +127,10 @@ class TrieDrafter:
     @classmethod
     def paper(cls, **options) -> "TrieDrafter":
         """The paper's configuration: branch length 12, one retrieval stage, prompt branches
-        weighted, output branches not boosted, no stage 0, no calibration."""
+        weighted, output branches not boosted, no stage 0, no calibration, nothing learnt from
+        the model's tokens."""
         config = dict(branch_length=12, fill=False, use_top=False, recent_weight=0.0, prompt_weight=16.0,
-                      calibrate=False)
+                      calibrate=False, learn_from_model=False)
         config.update(options)
         return cls(**config)
 
@@ -285,6 +299,8 @@ class TrieDrafter:
         self._count(core)
         if core.proposals:
             core.learn(self._state, final=True)
+        if core.learnt is not None and core.learnt.ring[1]:   # RING_COUNT: what the model taught it
+            self._model_kernels.forget_all(self._state, core.slot, core.learnt)
         self._K.end_request(self._state, self._settings, core.stream(), core.cursor, not self.eliminate_prompt)
         self._state.live[core.slot] = False
         core.ended = True
@@ -311,6 +327,7 @@ class TrieRequest:
         self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
         self._token_limit, self._settings, self._layout = drafter.token_limit, drafter._settings, drafter.layout
         self._calibrating = drafter.calibrate
+        self._learn_model = drafter._model_kernels.learn
 
     def __repr__(self) -> str:
         core = self._core
@@ -348,7 +365,28 @@ class TrieRequest:
         tree = core.tree(n, self._layout, budget)  # from this request's own buffers, outside the lock
         if self._calibrating and context.shape[0] == core.n_stream:
             core.remember(n)   # a draft of the stream itself: its outcome will show in the stream
+        core.context = context
         return tree
+
+    def observe(self, tree: DraftTree, node_tokens, path) -> None:
+        """The model's token at each candidate of the verified `tree` off the accepted `path`
+        continues that candidate's prefix: count it as this request's own (learn_from_model;
+        trie_model_kernels). `tree` continues the context of the last propose; one observe each."""
+        core = self._core
+        if core.ended:
+            self._refuse("observe")
+        if core.learnt is None or core.context is None:
+            return
+        node_tokens, path = _model_tokens(tree, node_tokens, path, core.context)
+        context, core.context = core.context, None
+        m = tree.n_candidates
+        if m <= 1:
+            return
+        with self._lock:
+            if self._abandoned:
+                self._drafter._end_abandoned()
+            self._learn_model(self._drafter._state, self._settings, core.slot, core.learnt, context, tree.tokens,
+                              tree.parents, m, node_tokens, path)
 
     def finish(self) -> None:
         """Branch eliminating: drop this request's own prompt counts (output counts persist);
@@ -382,6 +420,9 @@ class _RequestCore:
         self.make_stream = K.Stream
         self.learn_kernel = K.learn
         self.proposals: collections.deque = collections.deque()   # (stream length, draft rows) not yet learnt from
+        self.learnt = (drafter._model_kernels.new_learnt(drafter.learn_capacity, drafter.learn_context)
+                       if drafter.learn_from_model and count_prompt else None)   # the model's tokens learnt
+        self.context = None   # the context of the last propose, until its tree is observed
         self.ended = False
 
     def append(self, tokens: np.ndarray) -> None:
@@ -426,6 +467,27 @@ class _RequestCore:
         """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),
         built positionally (half the cost of keywords, and it is built every step)."""
         return self.make_stream(self.tokens, self.n_counted, self.n_stream, self.n_prompt, self.count_from)
+
+
+def _model_tokens(tree: DraftTree, node_tokens, path, context: np.ndarray):
+    """observe()'s arguments checked: (node_tokens int32[n], path int32[k]), or InputError."""
+    if not isinstance(tree, DraftTree):
+        raise InputError(f"tree: expected the DraftTree verified, got {type(tree).__name__}")
+    n, m = len(tree), tree.n_candidates
+    if not (isinstance(node_tokens, np.ndarray) and node_tokens.dtype == np.int32):   # speculate's own: as they are
+        node_tokens = np.asarray(node_tokens)
+    if node_tokens.shape != (n,) or node_tokens.dtype.kind not in "iu":
+        raise InputError(f"node_tokens: expected int32[{n}] (the model's token at each node of the tree, -1 where "
+                         f"not evaluated), got {node_tokens.dtype}{list(node_tokens.shape)}")
+    if not (isinstance(path, np.ndarray) and path.dtype == np.int32):
+        path = np.asarray(path)
+    if path.ndim != 1 or path.dtype.kind not in "iu" or path.shape[0] == 0 or path[0] != 0 \
+            or int(path.max()) >= m or (path.shape[0] > 1 and int(path.min()) < 0):
+        raise InputError(f"path: expected root-first candidate indices (0 first, each below {m}), got {path.tolist()}")
+    if int(tree.tokens[0]) != int(context[-1]):
+        raise InputError(f"tree: its root token {int(tree.tokens[0])} is not the last token {int(context[-1])} "
+                         f"of the context proposed for; observe the tree of the last propose")
+    return np.ascontiguousarray(node_tokens, np.int32), np.ascontiguousarray(path, np.int32)
 
 
 def _check_calibration(path, cal: np.ndarray, cap: float) -> None:

@@ -66,7 +66,9 @@ weights (retrieval stages 1 and longer) read only its own, so one request never 
 another's prompt. The node rows' PROMPT and RECENT columns hold the sums over live requests: they
 keep a live prompt branch from being pruned and rank the root's children for stage 0 (`top`,
 shared). With one request in progress the two agree exactly and everything below reads as
-written for one request.
+written for one request. A request's own PROMPT counts also hold the model's tokens it learnt at
+its rejected candidates (trie_model_kernels: counted on single nodes, not branches, and taken back
+before its branch eliminating).
 
 Capacity. A token creates at most branch_length nodes. Before each token, if fewer are free, OUTPUT
 and RECENT (shared and every live request's own) are halved and every node whose PROMPT + OUTPUT falls below 1 is freed with its subtree
@@ -365,6 +367,17 @@ def _refresh_front(state, stream, front, n_stream):
 
 
 @nb.njit(cache=True)
+def _find_path(state, tokens, begin, end):
+    """Node of the token path tokens[begin:end] from the root, or -1."""
+    node = ROOT
+    for q in range(begin, end):
+        node = _child(state.links, state.root, node, tokens[q])
+        if node < 0:
+            return -1
+    return node
+
+
+@nb.njit(cache=True)
 def extend(state, settings, stream, cursor):
     """Count the branches that stream.tokens[begin:end] extend (module docstring, "Counting") for
     the request at `cursor`; its front describes tokens[:begin] unless a prune came since."""
@@ -388,6 +401,11 @@ def extend(state, settings, stream, cursor):
         # From the longest branch down, so front[k-1] is read before it is overwritten.
         for k in range(min(branch_length - 1, p - count_from), -1, -1):
             parent = ROOT if k == 0 else front[k - 1]
+            if parent < 0 and k > 0:
+                # The branch lost a node (pool full, or pruned): look again, as a node for it may
+                # have been made since (another request's branch, or a learnt continuation). Rare:
+                # with room in the pool every branch in range has its node.
+                parent = _find_path(state, tokens, p - k, p)
             node = -1
             if k == 0 or parent >= 0:
                 node = _child(links, state.root, parent, token)
