@@ -4,8 +4,9 @@ After a verify, the model's token at a candidate off the accepted path is a real
 that candidate's prefix (the context, then the path to it), one the stream will never show: the
 request took another branch. A request counts each such continuation as its own, for the rest of
 the request only. Counting them across requests, as output branches are, was measured and
-rejected: on SmolLM2 it helped HumanEval and cost MT-Bench (docs/design.md, "Learning the model's
-tokens"); what the model says after a prefix that did not happen helps the request that said it.
+rejected: on SmolLM2 it helped HumanEval and cost MT-Bench (docs/design.md, Drafters, "The trie
+learns the model's tokens"); what the model says after a prefix that did not happen helps the
+request that said it.
 
 A learnt continuation is kept as a snippet: the last `tail` tokens (at most; `Learnt.tokens.shape[1]
 - 1`) of the candidate's prefix, then the model's token t. For each suffix of the prefix part (1 ..
@@ -108,9 +109,10 @@ def _forget_oldest(state, own, learnt, touched):
 def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates, node_tokens, path):
     """Count, for the request in `slot`, the model's token at every evaluated candidate of the
     verified tree (tokens, parents: root first, its root context[-1]) that is off the accepted
-    `path` (node indices; path nodes' continuations arrive as accepted tokens), after up to `tail` tokens of its prefix;
-    a full ring forgets its oldest snippet first. When fewer than `tail` nodes are free, make_room
-    runs first (as `extend` does before a token). Returns how many snippets were kept."""
+    `path` (node indices; path nodes' continuations arrive as accepted tokens), after up to `tail`
+    tokens of its prefix; a full ring forgets its oldest snippet first. When fewer than `tail`
+    nodes are free, make_room runs first (as `extend` does before a token). Returns how many
+    snippets were kept."""
     own = _own_view(state, slot)
     token_limit = state.root.shape[0]
     capacity = state.links.shape[0]
