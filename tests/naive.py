@@ -4,7 +4,8 @@ Tests run the real thing and the twin on the same inputs and require the same an
 use dicts and lists, walk from the root instead of keeping a `front`, search linearly instead of
 keeping heaps and child lists, and share nothing with draftcore but the documented constants.
 
-    NaiveTrie            the trie drafter's counting / pruning / elimination / retrieval rules
+    NaiveTrie            the trie drafter's counting / pruning / elimination / retrieval rules, and
+                         a request's learning of the model's tokens (NaiveRequest.observe)
     naive_trie_contents  {token path: (PROMPT, OUTPUT, RECENT)} of a NaiveTrie
     pool_contents        the same mapping read from a TrieDrafter's node-pool arrays
     naive_child_order    {token path: child tokens in the order of the pool's child lists}
