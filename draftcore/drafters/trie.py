@@ -299,7 +299,7 @@ class TrieDrafter:
         self._count(core)
         if core.proposals:
             core.learn(self._state, final=True)
-        if core.learnt is not None and core.learnt.ring[1]:   # RING_COUNT: what the model taught it
+        if core.learnt is not None and core.learnt.ring[self._model_kernels.RING_COUNT]:   # anything learnt
             self._model_kernels.forget_all(self._state, core.slot, core.learnt)
         self._K.end_request(self._state, self._settings, core.stream(), core.cursor, not self.eliminate_prompt)
         self._state.live[core.slot] = False

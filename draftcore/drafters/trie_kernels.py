@@ -219,6 +219,28 @@ def _child(links, root, parent, token):
     return -1
 
 
+@nb.njit(cache=True)
+def _find_path(state, tokens, begin, end):
+    """Node of the token path tokens[begin:end] from the root, or -1."""
+    node = ROOT
+    for q in range(begin, end):
+        node = _child(state.links, state.root, node, tokens[q])
+        if node < 0:
+            return -1
+    return node
+
+
+@nb.njit(cache=True, inline="always")
+def _give_back_prompt(freq, own, node):
+    """Take one of a request's own PROMPT counts from `node` (not below 0), and from the sum; returns
+    how much was taken (0 or 1)."""
+    before = own[node, OWN_PROMPT]
+    after = max(before - 1.0, 0.0)
+    own[node, OWN_PROMPT] = after
+    freq[node, PROMPT] = max(freq[node, PROMPT] - (before - after), 0.0)
+    return before - after
+
+
 @nb.njit(cache=True, inline="always")
 def _own_view(state, slot):
     """[capacity, 2] view of a slot's own counts: columns of the node rows for the first INLINE
@@ -352,29 +374,13 @@ def make_room(state, target):
 def _refresh_front(state, stream, front, n_stream):
     """Recompute front[k] = node of tokens[n_stream-1-k .. n_stream-1] (after a prune); branches
     starting before stream.count_from are not counted, so they get no front node."""
-    links, root, tokens = state.links, state.root, stream.tokens
+    tokens = stream.tokens
     for k in range(front.shape[0]):
         front[k] = -1
         s = n_stream - 1 - k
         if s < stream.count_from:
             continue
-        node = ROOT
-        for q in range(s, n_stream):
-            node = _child(links, root, node, tokens[q])
-            if node < 0:
-                break
-        front[k] = node
-
-
-@nb.njit(cache=True)
-def _find_path(state, tokens, begin, end):
-    """Node of the token path tokens[begin:end] from the root, or -1."""
-    node = ROOT
-    for q in range(begin, end):
-        node = _child(state.links, state.root, node, tokens[q])
-        if node < 0:
-            return -1
-    return node
+        front[k] = _find_path(state, tokens, s, n_stream)
 
 
 @nb.njit(cache=True)
@@ -449,10 +455,7 @@ def end_request(state, settings, stream, cursor, keep_prompt):
             if node < 0:
                 break
             if counted_prompt:
-                before = own[node, OWN_PROMPT]
-                after = max(before - 1.0, 0.0)
-                own[node, OWN_PROMPT] = after
-                freq[node, PROMPT] = max(freq[node, PROMPT] - (before - after), 0.0)
+                _give_back_prompt(freq, own, node)
                 if keep_prompt:
                     freq[node, OUTPUT] += 1.0
             recent = own[node, OWN_RECENT]
@@ -614,12 +617,7 @@ def _match(state, front, context, m):
             q -= 1
         if q == n_context - m - 1 and node == ROOT:
             return front[m - 1]
-    node = ROOT
-    for q in range(n_context - m, n_context):
-        node = _child(links, state.root, node, context[q])
-        if node < 0:
-            return -1
-    return node
+    return _find_path(state, context, n_context - m, n_context)
 
 
 @nb.njit(cache=True, inline="always")

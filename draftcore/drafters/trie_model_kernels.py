@@ -37,8 +37,8 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from .trie_kernels import (N_FREE, OUTPUT, OWN_PROMPT, PROMPT, ROOT, _add_child, _child, _find_path, _own_view,
-                           _prune_lists, make_room, refresh_top)
+from .trie_kernels import (N_FREE, OUTPUT, OWN_PROMPT, PROMPT, ROOT, _add_child, _child, _find_path,
+                           _give_back_prompt, _own_view, _prune_lists, make_room, refresh_top)
 
 Learnt = namedtuple("Learnt", "tokens lengths ring")
 RING_OLDEST, RING_COUNT = 0, 1
@@ -87,10 +87,7 @@ def _uncount_snippet(state, own, snippet, first, touched):
         parent, node = _learnt_node(state, snippet, s)
         if node < 0:
             continue
-        before = own[node, OWN_PROMPT]
-        after = max(before - 1.0, 0.0)
-        own[node, OWN_PROMPT] = after
-        freq[node, PROMPT] = max(freq[node, PROMPT] - (before - after), 0.0)
+        _give_back_prompt(freq, own, node)
         if freq[node, PROMPT] + freq[node, OUTPUT] < 1.0:
             touched.append(parent)
 
@@ -111,8 +108,7 @@ def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates,
     verified tree (tokens, parents: root first, its root context[-1]) that is off the accepted
     `path` (node indices; path nodes' continuations arrive as accepted tokens), after up to `tail`
     tokens of its prefix; a full ring forgets its oldest snippet first. When fewer than `tail`
-    nodes are free, make_room runs first (as `extend` does before a token). Returns how many
-    snippets were kept."""
+    nodes are free, make_room runs first (as `extend` does before a token)."""
     own = _own_view(state, slot)
     token_limit = state.root.shape[0]
     capacity = state.links.shape[0]
@@ -124,7 +120,6 @@ def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates,
         on_path[path[j]] = True
     touched = [ROOT][:0]
     decayed = False
-    counted = 0
     for i in range(1, n_candidates):
         model_token = node_tokens[i]
         if on_path[i] or model_token < 0 or model_token >= token_limit:
@@ -152,12 +147,10 @@ def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates,
         learnt.tokens[at, :] = snippet
         learnt.lengths[at] = tail_plus - first
         learnt.ring[RING_COUNT] += 1
-        counted += 1
     if len(touched) > 0:
         _prune_lists(state, touched)
     if decayed:
         refresh_top(state, settings)
-    return counted
 
 
 @nb.njit(cache=True)
