@@ -103,12 +103,13 @@ def tiny_models():
     return {attn: tiny_llama(seed=0, attn_implementation=attn) for attn in ATTENTIONS}
 
 
-@pytest.fixture(scope="module", params=[(0, False), (64, False), (0, True)],
-                ids=["linear", "weight-major", "packed"])
+@pytest.fixture(scope="module", params=[(0, False), (64, False), (0, True), (2, True)],
+                ids=["linear", "weight-major", "packed", "weight-major-then-packed"])
 def verifiers(tiny_models, request):
-    """Every tree test runs three times: the decoder's Linear layers as torch runs them, all of them
-    as `W @ x.T` inside WeightMajorLinear (weight_major.py), and all of them (the head too) through
-    oneDNN on packed weights (packed_linear.py); on the tiny models timing would pick by chance."""
+    """Every tree test runs four times: the decoder's Linear layers as torch runs them, all of them
+    as `W @ x.T` inside WeightMajorLinear (weight_major.py), all of them (the head too) through
+    oneDNN on packed weights (packed_linear.py), and forwards of 1-2 tokens as `W @ x.T`, larger
+    ones packed; on the tiny models timing would pick by chance."""
     rows, packed = request.param
     return {attn: HFVerifier(model, weight_major_rows=rows, packed_linear=packed)
             for attn, model in tiny_models.items()}
@@ -355,7 +356,8 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
     packed by default and refused when True; a bad value is a ConfigError."""
     model = tiny_models["sdpa"]
     first, second = HFVerifier(model, packed_linear=True), HFVerifier(model, packed_linear=True)
-    assert first.packed_linear and first.weight_major_rows == 0   # packing replaces weight-major
+    assert first.packed_linear and first.weight_major_rows in (0, 1, 2, 4, 8)   # the split is measured
+    assert HFVerifier(model, packed_linear=True, weight_major_rows=3).weight_major_rows == 3   # or given
     assert first._split_head.packed is second._split_head.packed   # one copy of the weights per model
     assert not HFVerifier(model, packed_linear=False).packed_linear
     assert isinstance(HFVerifier(model).packed_linear, bool)
@@ -386,9 +388,68 @@ def test_packed_linear_by_default_only_where_the_copies_fit_in_memory(tiny_model
     assert 0 < nbytes and packed_linear.fits_in_memory(nbytes) and not packed_linear.fits_in_memory(2 ** 62)
     monkeypatch.setattr(packed_linear, "_available_memory", lambda: 4 * nbytes - 1)
     assert not packed_linear.fits_in_memory(nbytes)
-    monkeypatch.setattr(head, "_packed_is_faster", lambda *a, **k: True)   # memory alone decides
+    monkeypatch.setattr(head, "_packed_plan", lambda *a, **k: 0)   # memory alone decides
     assert not HFVerifier(model).packed_linear
     assert HFVerifier(model, packed_linear=True).packed_linear
+
+
+# Planted medians (ms) of the decoder + head by (tokens, way): _packed_plan's choices follow them.
+_SLOW_MEMORY = {1: (58, 50, 51), 2: (70, 41, 50), 4: (75, 60, 52), 8: (80, 70, 53)}   # torch, W @ x.T, packed
+_PACKED_EVERYWHERE = {1: (27, 26, 21), 2: (40, 24, 22), 4: (45, 30, 23), 8: (55, 40, 28)}
+_PACKED_TIES = {1: (58, 50, 52), 2: (70, 41, 43), 4: (75, 60, 58), 8: (80, 70, 69)}
+
+
+@pytest.mark.parametrize("table,weight_major_rows,forced,want", [
+    (_SLOW_MEMORY, None, False, 2),         # W @ x.T up to 2 tokens, packed above: the least total time
+    (_PACKED_EVERYWHERE, None, False, 0),   # packed at every size
+    (_PACKED_TIES, None, False, None),      # no 10 % gained over W @ x.T: the copies are not worth it
+    (_PACKED_TIES, None, True, 2),          # asked for: packed, split where it is cheapest
+    (_SLOW_MEMORY, 4, False, 4),            # a given split is kept; packing still pays above it
+    (_SLOW_MEMORY, 8, False, None),         # nothing left to pack among the measured sizes
+    (_SLOW_MEMORY, 0, False, 0),            # W @ x.T off: packed against torch's Linear alone
+])
+def test_packed_plan_splits_by_measured_time(tiny_models, monkeypatch, table, weight_major_rows, forced, want):
+    """Which way runs which forward size follows the construction-time medians: `W @ x.T` for the
+    sizes up to the split, the packed weights above it, packing only where it saves 10 % of the
+    total over the best plan without it (unless asked for), and a given split kept as given."""
+    from draftcore.adapters.torch_hf import head, packed_linear
+
+    ways = ("torch", "weight-major", "packed")
+    timed = []
+
+    def planted(calls, reps=3):
+        timed.extend(calls)
+        return {(n, way): table[n][ways.index(way)] / 1e3 for n, way in calls}
+
+    monkeypatch.setattr(head, "interleaved_medians", planted)
+    model = tiny_models["sdpa"]
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    linears = packed_linear.PackedLinears.of(decoder, lm_head)
+    got = head._packed_plan(decoder, lm_head, linears, model.config.vocab_size, torch.device("cpu"),
+                            weight_major_rows, forced)
+    assert got == want
+    assert ("weight-major" in {way for _, way in timed}) == (weight_major_rows != 0)
+
+
+def test_split_head_runs_small_forwards_weight_major_and_larger_ones_packed(tiny_models, monkeypatch):
+    """With weight_major_rows=2 and packed weights, forwards of 1-2 tokens never enter the packed
+    mode and larger ones do; every size gives the model's own logits."""
+    from draftcore.adapters.torch_hf import packed_linear
+    from draftcore.adapters.torch_hf.head import SplitHead
+
+    model = tiny_models["sdpa"]
+    linears = packed_linear.PackedLinears.of(model.get_decoder(), model.get_output_embeddings())
+    entered = []
+    mode = linears.mode
+    monkeypatch.setattr(linears, "mode", lambda: entered.append(True) or mode())
+    split = SplitHead(model.get_decoder(), model.get_output_embeddings(), weight_major_rows=2, packed=linears)
+    for n in range(1, 6):
+        ids = torch.arange(3, 3 + n)[None]
+        del entered[:]
+        with torch.inference_mode():
+            got, want = split(input_ids=ids, use_cache=False), model(input_ids=ids).logits[0]
+        assert bool(entered) == (n > 2)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def test_weight_major_linear_equals_f_linear_or_passes_through():

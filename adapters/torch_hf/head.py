@@ -17,8 +17,9 @@ less to verify, a one-node step ~10% less.
 Where oneDNN can take them (packed_linear.py: float32, a torch build with oneDNN, the copies fit in
 memory, the logits match and it measures faster at construction), the decoder's and the head's
 Linear layers run instead through oneDNN on weights packed once: 2x faster again for 8-16 rows.
-Otherwise trees of up to `SplitHead.weight_major_rows` nodes run the decoder's Linear layers as
-`W @ x.T` (weight_major.py), where that measured faster at construction.
+Trees of up to `SplitHead.weight_major_rows` nodes run the decoder's Linear layers as `W @ x.T`
+(weight_major.py) instead, packed weights or not, where that measured faster at construction: which
+of the three wins at which size changes with the machine's state (`_packed_plan`).
 
 Only the model's public modules are called; nothing is patched. Whether decoder + head equals the
 model's forward is not assumed: `checked_split_head` runs both on a small tree-masked batch, as
@@ -50,8 +51,8 @@ class SplitHead:
     pad_single_row: compute a one-row projection as two identical rows (a GEMM, not a GEMV).
     weight_major_rows: forwards of up to this many tokens run the decoder inside
         `WeightMajorLinear` (weight_major.py: its Linear layers as `W @ x.T` too); 0 never.
-    packed: a `packed_linear.PackedLinears` of the decoder and head: every forward runs their
-        Linear layers through oneDNN on the packed weights (weight_major_rows is then unused).
+    packed: a `packed_linear.PackedLinears` of the decoder and head: every larger forward runs
+        their Linear layers through oneDNN on the packed weights.
     """
 
     def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False, weight_major_rows: int = 0,
@@ -64,15 +65,15 @@ class SplitHead:
 
     def __call__(self, **forward_kwargs) -> torch.Tensor:
         """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's."""
-        if self.packed is not None:
+        rows = forward_kwargs["input_ids"].shape[-1]
+        if self.packed is not None and rows > self.weight_major_rows:
             with self.packed.mode():
                 hidden = self._decoder(**forward_kwargs).last_hidden_state[0]
             logits = self.packed.linear(hidden, self._head.weight, self._head.bias)
             if logits is not None:
                 return logits
         else:
-            weight_major = forward_kwargs["input_ids"].shape[-1] <= self.weight_major_rows
-            with WeightMajorLinear() if weight_major else nullcontext():
+            with WeightMajorLinear() if rows <= self.weight_major_rows else nullcontext():
                 hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
         # a strided [n, vocab] view: fine for argmax and for .numpy()
         return weight_major_product(hidden, self._head.weight, self._head.bias, self.pad_single_row)
@@ -84,11 +85,13 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     model's own logits on a small tree within `tolerance` (relative to the largest logit); None
     otherwise, and the verifier then calls the model's forward as it is.
 
-    weight_major_rows: the SplitHead's (None: measured, `weight_major.faster_rows`); 0 as well when
-    the decoder inside `WeightMajorLinear` does not reproduce the model's logits.
-    packed: run the Linear layers through oneDNN on packed weights (packed_linear.py): True
-    (ConfigError where it cannot), False (never), None (where oneDNN has the weights' dtype, their
-    copies fit in memory, the logits match and it measures faster than torch's own Linear)."""
+    weight_major_rows: the SplitHead's (None: measured, by `_packed_plan` where the weights are
+    packed, else by `weight_major.faster_rows`); 0 as well when the decoder inside
+    `WeightMajorLinear` does not reproduce the model's logits.
+    packed: run the Linear layers of forwards larger than weight_major_rows through oneDNN on
+    packed weights (packed_linear.py): True (ConfigError where it cannot), False (never), None
+    (where oneDNN has the weights' dtype, their copies fit in memory, the logits match and it
+    measures faster than going without: `_packed_plan`)."""
     def unsplit(why: str):
         if packed:
             raise ConfigError(f"packed_linear: True, but {why}; pass packed_linear=None or False")
@@ -119,19 +122,23 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     if not reproduces(SplitHead(decoder, head)):
         return unsplit("the model's forward is more than its decoder and head")
     pad_single_row = two_rows_beat_one(head.weight)
-    linears = _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weight_major_rows, unsplit)
-    if linears is not None:
-        return SplitHead(decoder, head, pad_single_row, 0, linears)
     if weight_major_rows != 0 and not reproduces(SplitHead(decoder, head, weight_major_rows=len(tree))):
         weight_major_rows = 0
+    linears = _checked_packed(decoder, head, packed, reproduces, unsplit)
+    if linears is not None:
+        rows = _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, forced=bool(packed))
+        if rows is not None:
+            packed_linear.share(decoder, head, linears)
+            return SplitHead(decoder, head, pad_single_row, rows, linears)
     if weight_major_rows is None:
         weight_major_rows = faster_rows(decoder, vocab_size, device)
     return SplitHead(decoder, head, pad_single_row, weight_major_rows)
 
 
-def _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weight_major_rows, refuse):
-    """The PackedLinears to use (module docstring of packed_linear.py), or None; `refuse(why)` is
-    called where packing was asked for (True) and cannot be done."""
+def _checked_packed(decoder, head, packed, reproduces, refuse):
+    """Packed copies of the Linear weights that reproduce the model's logits (module docstring of
+    packed_linear.py), or None; `refuse(why)` is called where packing was asked for (True) and
+    cannot be done."""
     if packed is False:
         return None
     why = None
@@ -149,18 +156,26 @@ def _checked_packed(decoder, head, packed, reproduces, vocab_size, device, weigh
         linears = packed_linear.PackedLinears.of(decoder, head)
         if not reproduces(SplitHead(decoder, head, packed=linears)):
             why = "the model's logits through oneDNN differ from its own forward"
-    if why is not None:
-        return refuse(why)
-    if packed is None and not _packed_is_faster(decoder, head, linears, vocab_size, device, weight_major_rows):
-        return None
-    packed_linear.share(decoder, head, linears)
-    return linears
+    return refuse(why) if why is not None else linears
 
 
-def _packed_is_faster(decoder, head, linears, vocab_size, device, weight_major_rows, sizes=(1, 8),
-                      margin: float = 0.9) -> bool:
-    """Whether the decoder and head through the packed weights take at most `margin` of the time
-    of the faster of torch's Linear and `W @ x.T` (where allowed) at every size in `sizes`."""
+def _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, forced: bool,
+                 sizes=(1, 2, 4, 8), margin: float = 0.9) -> int | None:
+    """How the packed weights should be used, from the decoder and head timed at `sizes` three ways
+    (torch's Linear, `W @ x.T` where allowed, the packed weights): the number of rows up to which a
+    forward still runs unpacked, as `W @ x.T` (larger ones run packed), or None where packing
+    should not be used.
+
+    Each way wins at some sizes: on this project's 2-core EPYC the packed weights once took a
+    one-token forward from 27 to 21 ms, and in a later, slower state of the same machine tied with
+    `W @ x.T` at one token (~50 ms) while still cutting 8 tokens from ~70 to ~53 ms. So the split
+    is measured: weight_major_rows (None: the split with the least total time over `sizes`;
+    otherwise as given). Unless `forced`, packing is used only where that plan's total time is at
+    most `margin` of the best plan without it (`W @ x.T` up to the sizes where it beats torch's
+    Linear by `margin`, as weight_major.faster_rows picks): the copies cost memory, and the margin
+    keeps a tie from buying them by chance."""
+    if forced and weight_major_rows is not None:
+        return weight_major_rows   # nothing left to choose (a pool's sibling verifiers take the first's)
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, vocab_size, max(sizes))).to(device)[None]
     modes = ["torch", "packed"] + (["weight-major"] if weight_major_rows != 0 else [])
     splits = {"torch": SplitHead(decoder, head), "packed": SplitHead(decoder, head, packed=linears),
@@ -170,7 +185,22 @@ def _packed_is_faster(decoder, head, linears, vocab_size, device, weight_major_r
         splits[mode](input_ids=ids[:, :n], use_cache=False)
 
     seconds = interleaved_medians({(n, mode): partial(forward, n, mode) for n in sizes for mode in modes})
-    return all(seconds[n, "packed"] <= margin * min(seconds[n, m] for m in modes if m != "packed") for n in sizes)
+
+    def total(unpacked_rows: int, large: str) -> float:
+        return sum(seconds[n, "weight-major" if n <= unpacked_rows else large] for n in sizes)
+
+    splits_allowed = [0] if weight_major_rows == 0 else [weight_major_rows] if weight_major_rows else [0, *sizes]
+    rows = min(splits_allowed, key=lambda k: total(k, "packed"))
+    if forced:
+        return rows
+    unpacked_rows = 0
+    for n in sizes if weight_major_rows != 0 else ():
+        if seconds[n, "weight-major"] > margin * seconds[n, "torch"]:
+            break
+        unpacked_rows = n
+    if weight_major_rows is not None:
+        unpacked_rows = weight_major_rows
+    return rows if total(rows, "packed") <= margin * total(unpacked_rows, "torch") else None
 
 
 def decoder_of(model):

@@ -15,6 +15,12 @@ and a whole verify (HFVerifier, n_past ~200): 1 node 27.2 → 20.8 ms, 8 → 54.
 16 → 70.9 → 34.0, 64 → 152.3 → 78.4. A tree of 16 nodes then costs 1.6x one node instead of
 2.6x, which is what makes drafting deeper trees pay on a CPU.
 
+The same machine on a later day (2026-11-26: plain decoding as fast as before, but reading memory
+slower) measured all 211 layers at 1 row 48.0 (MKL) against 38.7 (packed) ms, at 8 rows 63.5
+against 33.5, and a whole one-token verify through the packed weights no faster than `W @ x.T`.
+Which way wins at which size moves with the machine's state, so the verifier times them at
+construction and runs each tree size the fastest way (head.py, `_packed_plan`).
+
 The price is memory: a second copy of every packed weight (SmolLM2-135M: 538 MB), so the verifier
 packs by default only where that copy fits comfortably (`fits_in_memory`). The copies are taken at
 construction. A weight changed in place afterwards through autograd-visible operations (`copy_`

@@ -15,8 +15,9 @@ The model is not patched or wrapped: only its public forward is called, with a 4
 positions and a cache owned here. On CPU, verify calls the model's own decoder and output Linear in
 two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few rows), when a
 check at construction shows the two give the forward's logits. Inside that forward the Linear layers
-run through oneDNN on copies of their weights packed once at construction (packed_linear.py), where
-that measures faster, or else small trees run them as `W @ x.T` too (weight_major.py). A model that
+run through oneDNN on copies of their weights packed once at construction (packed_linear.py), and
+small trees run them as `W @ x.T` (weight_major.py), each for the tree sizes where it measures
+faster on this machine. A model that
 ignores the 4-D mask would silently give wrong logits, so the constructor checks it on a small
 branching tree against its own one-token-per-forward decoding (draftcore.selfcheck; tolerances and advice in selfcheck.py).
 """
@@ -54,14 +55,15 @@ class HFVerifier:
         (draftcore.selfcheck, with selfcheck.py's tolerance for the model's dtype).
     tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
     weight_major_rows: CPU only: trees of up to this many nodes run the decoder's Linear layers as
-        `W @ x.T` (weight_major.py); None (default) picks the largest size where that is faster on
-        this machine by timing the decoder at construction (~2 s for a 135M model); 0 turns it off.
-    packed_linear: CPU float32 only: run the decoder's and head's Linear layers through oneDNN on
-        copies of their weights packed once (packed_linear.py: SmolLM2-135M, 8 nodes 55 -> 28 ms a
-        verify; the copies cost the weights' memory again). None (default): where the copies take
-        at most a quarter of the free memory and it measures faster at construction; True: always
-        (ConfigError where it cannot); False: never. Weights changed through `.data` afterwards are
-        not seen by the copies: build a new verifier then.
+        `W @ x.T` (weight_major.py); None (default) picks the size where that pays on this machine
+        by timing the decoder at construction (~2 s for a 135M model); 0 turns it off.
+    packed_linear: CPU float32 only: run the decoder's and head's Linear layers of trees larger
+        than weight_major_rows through oneDNN on copies of their weights packed once
+        (packed_linear.py: SmolLM2-135M, 8 nodes 55 -> 28 ms a verify; the copies cost the weights'
+        memory again). None (default): where the copies take at most a quarter of the free memory
+        and it measures faster at construction; True: always (ConfigError where it cannot);
+        False: never. Weights changed through `.data` afterwards are not seen by the copies: build
+        a new verifier then.
     """
 
     def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None,
@@ -148,8 +150,8 @@ class HFVerifier:
 
     @property
     def packed_linear(self) -> bool:
-        """True when verify runs the Linear layers through oneDNN on packed weights (CPU;
-        packed_linear.py)."""
+        """True when verify runs the Linear layers of trees larger than weight_major_rows through
+        oneDNN on packed weights (CPU; packed_linear.py)."""
         return self._split_head is not None and self._split_head.packed is not None
 
     @property
