@@ -189,17 +189,17 @@ def _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, 
     def total(unpacked_rows: int, large: str) -> float:
         return sum(seconds[n, "weight-major" if n <= unpacked_rows else large] for n in sizes)
 
-    splits_allowed = [0] if weight_major_rows == 0 else [weight_major_rows] if weight_major_rows else [0, *sizes]
-    rows = min(splits_allowed, key=lambda k: total(k, "packed"))
+    candidates = [0, *sizes] if weight_major_rows is None else [weight_major_rows]
+    rows = min(candidates, key=lambda k: total(k, "packed"))
     if forced:
         return rows
-    unpacked_rows = 0
-    for n in sizes if weight_major_rows != 0 else ():
-        if seconds[n, "weight-major"] > margin * seconds[n, "torch"]:
-            break
-        unpacked_rows = n
-    if weight_major_rows is not None:
-        unpacked_rows = weight_major_rows
+    unpacked_rows = weight_major_rows
+    if unpacked_rows is None:   # as faster_rows picks: the leading sizes where W @ x.T beats torch by margin
+        unpacked_rows = 0
+        for n in sizes:
+            if seconds[n, "weight-major"] > margin * seconds[n, "torch"]:
+                break
+            unpacked_rows = n
     return rows if total(rows, "packed") <= margin * total(unpacked_rows, "torch") else None
 
 
