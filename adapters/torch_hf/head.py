@@ -42,7 +42,7 @@ from draftcore.tree import DraftTree
 from .masks import tree_forward_inputs
 from . import packed_linear
 from .timing import interleaved_medians
-from .weight_major import WeightMajorLinear, faster_rows, weight_major_product
+from .weight_major import WeightMajorLinear, faster_rows, leading_wins, weight_major_product
 
 
 class SplitHead:
@@ -194,12 +194,8 @@ def _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, 
     if forced:
         return rows
     unpacked_rows = weight_major_rows
-    if unpacked_rows is None:   # as faster_rows picks: the leading sizes where W @ x.T beats torch by margin
-        unpacked_rows = 0
-        for n in sizes:
-            if seconds[n, "weight-major"] > margin * seconds[n, "torch"]:
-                break
-            unpacked_rows = n
+    if unpacked_rows is None:   # as faster_rows picks
+        unpacked_rows = leading_wins(seconds, sizes, "weight-major", "torch", margin)
     return rows if total(rows, "packed") <= margin * total(unpacked_rows, "torch") else None
 
 

@@ -86,9 +86,15 @@ def faster_rows(decoder, vocab_size: int, device: torch.device, sizes=(1, 2, 4, 
 
     seconds = interleaved_medians({(n, mode): partial(forward, n, mode) for n in sizes for mode in (False, True)},
                                   reps)
+    return leading_wins(seconds, sizes, True, False, margin)
+
+
+def leading_wins(seconds, sizes, way, other, margin: float) -> int:
+    """The largest of `sizes` up to which seconds[n, way] is at most `margin` of seconds[n, other]
+    at every size (0: not even the first)."""
     best = 0
     for n in sizes:
-        if seconds[n, True] > margin * seconds[n, False]:
+        if seconds[n, way] > margin * seconds[n, other]:
             break
         best = n
     return best

@@ -232,13 +232,11 @@ def _find_path(state, tokens, begin, end):
 
 @nb.njit(cache=True, inline="always")
 def _give_back_prompt(freq, own, node):
-    """Take one of a request's own PROMPT counts from `node` (not below 0), and from the sum; returns
-    how much was taken (0 or 1)."""
+    """Take one of a request's own PROMPT counts from `node` (not below 0), and as much from the sum."""
     before = own[node, OWN_PROMPT]
     after = max(before - 1.0, 0.0)
     own[node, OWN_PROMPT] = after
     freq[node, PROMPT] = max(freq[node, PROMPT] - (before - after), 0.0)
-    return before - after
 
 
 @nb.njit(cache=True, inline="always")
