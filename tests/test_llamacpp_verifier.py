@@ -20,6 +20,7 @@ from draftcore.adapters.llamacpp import ChainOnlyWarning, InexactBatchWarning, L
 from draftcore.adapters.llamacpp import batch as batch_module  # noqa: E402
 from draftcore.adapters.llamacpp import branches  # noqa: E402
 from draftcore.adapters.llamacpp import verifier as verifier_module  # noqa: E402
+from draftcore.adapters.llamacpp.numerics import default_max_tree_nodes  # noqa: E402
 from draftcore.checks import MISSING  # noqa: E402
 from draftcore.errors import BackendError, ConfigError, DraftcoreError, InputError  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
@@ -214,11 +215,16 @@ def test_tied_embeddings_round_trip(tmp_path):
 # ---------------------------------------------------------------- tree mode
 
 def test_limits_are_the_contexts(verifier, tiny, stock_llama):
-    assert verifier.max_tree_nodes == verifier.limits.n_batch == 512     # n_batch, not leaves + 1
+    # On a CPU trees stay within 63 nodes unless asked otherwise: batches of 64+ take other kernels.
+    assert verifier.limits.n_batch == 512 and verifier.max_tree_nodes == 63   # not leaves + 1 either
     assert verifier.max_tree_leaves == 32 and not verifier.chain_only    # n_seq_max 33 - 1
     chain = LlamaCppVerifier.from_llama(stock_llama)
     assert chain.chain_only and chain.max_tree_leaves is None
-    assert chain.max_tree_nodes == chain.limits.n_batch
+    assert chain.max_tree_nodes == min(chain.limits.n_batch, 63)
+    wide = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=128, n_seq_max=4, max_tree_nodes=128, **EXACT)
+    assert wide.max_tree_nodes == 128 == wide.limits.n_batch             # asked for: n_batch (n_ctx 128) allows it
+    wide.close()
+    assert default_max_tree_nodes(512, offloaded=True) == 512 and default_max_tree_nodes(32, offloaded=False) == 32
     capped = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=128, n_seq_max=4, max_tree_nodes=63, **EXACT)
     assert capped.max_tree_nodes == 63 and capped.max_tree_leaves == 3
     capped.prefill(np.array(PROMPTS[0], np.int32))
@@ -627,7 +633,7 @@ def test_speculate_never_drafts_more_leaves_than_one_verify_takes(tiny):
     max_tree_leaves, whatever the budget says, and stays exact."""
     import draftcore
     small = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=256, n_seq_max=4, **EXACT)
-    assert small.max_tree_leaves == 3 and small.max_tree_nodes == small.limits.n_batch
+    assert small.max_tree_leaves == 3 and small.max_tree_nodes == min(small.limits.n_batch, 63)
     small.prefill(np.array(PROMPTS[0], np.int32))
     with pytest.raises(InputError, match="n_seq_max"):  # what a bigger tree would meet
         small.verify(DraftTree.build([5] + list(range(3, 8)), [-1] + [0] * 5))

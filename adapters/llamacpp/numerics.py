@@ -32,6 +32,18 @@ import warnings
 NEAR_TIE_ONLY = 0.005
 
 
+# On a CPU every weight type measured (table above) computes a batch of 64 or more tokens with other
+# kernels than a smaller one, while its cost has long passed what drafting can pay (a 32-token verify
+# costs 5-16 one-token ones there): trees stay within this many nodes unless a verifier is told otherwise.
+CPU_TREE_NODES = 63
+
+
+def default_max_tree_nodes(n_batch: int, offloaded: bool) -> int:
+    """The most nodes a verify takes when the caller set no max_tree_nodes: n_batch (one llama_decode
+    holds the tree), capped at CPU_TREE_NODES where no layer is offloaded to a GPU."""
+    return n_batch if offloaded else min(n_batch, CPU_TREE_NODES)
+
+
 class InexactBatchWarning(UserWarning):
     """A llama.cpp context's multi-token forwards give other logits than one-token decoding: greedy
     output can differ from plain decoding wherever the top two logits are about that close."""

@@ -45,7 +45,7 @@ from . import branches
 from .batch import Batch, leaf_membership
 from .context import (Limits, default_threads, import_llama_cpp, load_model, new_context, read_limits,
                       split_overrides, tree_context_params)
-from .numerics import is_float_weights, warn_if_inexact
+from .numerics import default_max_tree_nodes, is_float_weights, warn_if_inexact
 
 DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: any tree of up to 64 nodes
 
@@ -61,8 +61,9 @@ class LlamaCppVerifier:
         vocab_size:  logits per position.
         n_past:      committed tokens in the KV cache (sequence 0).
         max_context: n_ctx, the cells of the KV cache; prompt + generated + one tree must fit.
-        max_tree_nodes: the most nodes one verify takes: n_batch (one llama_decode holds the tree,
-                     or in chain-only mode its longest branch), or less when asked for at construction.
+        max_tree_nodes: the most nodes one verify takes: at most n_batch (one llama_decode holds the
+                     tree, or in chain-only mode its longest branch); by default n_batch, capped at 63
+                     where no layer is offloaded (numerics.CPU_TREE_NODES), or as asked at construction.
         max_tree_leaves: the most leaves a tree may have: n_seq_max - 1 in tree mode (leaf k is
                      sequence k + 1); None in chain-only mode, where branches go one decode each.
         chain_only:  True when branching trees are verified branch by branch (see ChainOnlyWarning).
@@ -75,8 +76,10 @@ class LlamaCppVerifier:
                      only that its 5-node tree was bit-exact (larger batches: numerics.py).
     """
 
-    def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None, max_tree_nodes=None):
-        """Internal: use `from_gguf` / `from_llama`. `keepalive` holds whatever owns model/ctx."""
+    def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None, max_tree_nodes=None,
+                 offloaded: bool = True):
+        """Internal: use `from_gguf` / `from_llama`. `keepalive` holds whatever owns model/ctx;
+        `offloaded`: whether any layer runs on a GPU (sets the default max_tree_nodes)."""
         self._lib = lib
         self._model = model
         self._ctx = ctx
@@ -89,7 +92,7 @@ class LlamaCppVerifier:
         self.max_context = limits.n_ctx
         self.chain_only = limits.max_leaves == 0
         self.max_tree_leaves = None if self.chain_only else limits.max_leaves
-        self.max_tree_nodes = limits.n_batch
+        self.max_tree_nodes = default_max_tree_nodes(limits.n_batch, offloaded)
         if max_tree_nodes is not None:
             self.max_tree_nodes = positive_int("max_tree_nodes", max_tree_nodes)
             if self.max_tree_nodes > limits.n_batch:
@@ -116,9 +119,10 @@ class LlamaCppVerifier:
         n_threads:   CPU threads (default: the cores this process may use).
         type_k/v:    KV cache ggml types (e.g. llama_cpp.GGML_TYPE_F32 for exactness tests).
         flash_attn:  True / False, or None for llama.cpp's automatic choice.
-        max_tree_nodes: the most nodes one verify takes (default n_batch). 63 keeps every batch
-                     within what llama.cpp's CPU flash attention computes bit-identically to one-token
-                     decoding (README.md, "Quantized weights and exactness").
+        max_tree_nodes: the most nodes one verify takes (default n_batch, capped at 63 where
+                     n_gpu_layers is 0: on a CPU, batches of 64+ tokens take other kernels than one
+                     token, while batches of up to 63 on Q4_0/Q4_1/Q8_0 weights with flash attention
+                     compute bit-identically to one-token decoding; numerics.py).
         self_check:  run one branching tree at construction and compare its logits with one-token
                      decoding (draftcore.selfcheck); BackendError if the context does not honour the
                      tree's sequence ids.
@@ -143,7 +147,8 @@ class LlamaCppVerifier:
             lib.llama_model_free(model)
             raise
         owner = _Owner(lib, model, ctx)
-        verifier = cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,), max_tree_nodes=max_tree_nodes)
+        verifier = cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,), max_tree_nodes=max_tree_nodes,
+                       offloaded=_offloaded(lib, n_gpu_layers))
         return verifier._checked(params.flash_attn_type) if self_check else verifier
 
     @classmethod
@@ -173,7 +178,7 @@ class LlamaCppVerifier:
             ctx = new_context(lib, llm.model, params)
             owner = _Owner(lib, None, ctx)
             verifier = cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm),
-                           max_tree_nodes=max_tree_nodes)
+                           max_tree_nodes=max_tree_nodes, offloaded=_offloaded(lib, llm.model_params.n_gpu_layers))
         else:
             limits = read_limits(lib, llm.ctx)
             if limits.max_leaves == 0 and strict:
@@ -184,7 +189,8 @@ class LlamaCppVerifier:
                     f"{DEFAULT_SEQ_MAX} nodes). llama_cpp.Llama() cannot set these: use "
                     f"LlamaCppVerifier.from_llama(llm, own_context=True) or "
                     f"LlamaCppVerifier.from_gguf(path, n_seq_max={DEFAULT_SEQ_MAX})")
-            verifier = cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm, max_tree_nodes=max_tree_nodes)
+            verifier = cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm, max_tree_nodes=max_tree_nodes,
+                           offloaded=_offloaded(lib, llm.model_params.n_gpu_layers))
         return verifier._checked(params.flash_attn_type) if self_check else verifier
 
     def close(self) -> None:
@@ -547,6 +553,11 @@ class _Owner:
 
     def close(self) -> None:
         self._finalize()
+
+
+def _offloaded(lib, n_gpu_layers: int) -> bool:
+    """Whether a model loaded with `n_gpu_layers` runs any layer on a GPU."""
+    return n_gpu_layers != 0 and bool(lib.llama_supports_gpu_offload())
 
 
 def _free(lib, model, ctx) -> None:
