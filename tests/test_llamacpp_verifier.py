@@ -837,7 +837,8 @@ def test_contexts_whose_batches_are_not_exact_are_warned_about(packaged_gguf, tm
         prompt = [1, 300, 301, 302, 303, 304, 305] * 4
         want, _ = plain_greedy(v, prompt, 40)
         result = draftcore.speculate(v, np.array(prompt, np.int32), max_new_tokens=40, budget=12)
-        assert result.tokens.tolist() == want                          # every step verified a batch
+        assert result.tokens.tolist() == want                          # no near-tie allowance
+        # ... and the steps verified batches: most drafted 4 or more tokens, some were accepted.
         assert result.stats.drafted_tokens >= 4 * result.stats.steps and result.stats.tokens_per_step > 1.2
         v.close()
 

@@ -10,12 +10,12 @@ Largest |logit| difference between a chain of k tokens decoded in one batch and 
 decoded one at a time (SmolLM2-135M, CPU, flash attention on, 1 thread, 60-token context;
 llama-cpp-python 0.3.36; Q4_0, Q8_0 and Q4_K_M made with llama.cpp's quantizer):
 
-    weights                         k = 2 .. 63        k = 64
-    Q4_0, Q4_1, Q8_0                0                  0.8 - 1.1
-    Q4_K_M (repacked, the default)  0 to k = 3, then 0.78 - 1.1
-    Q4_K_M, use_extra_bufts=False   0 to k = 5, then 0.82 - 1.24
-    F16                             0.016 - 0.056
-    F32                             0.005 - 0.017
+    weights                         k = 2 .. 63                      k = 64
+    Q4_0, Q4_1, Q8_0                0                                0.8 - 1.1
+    Q4_K_M (repacked, the default)  0 up to k = 3, then 0.78 - 1.36  not measured
+    Q4_K_M, use_extra_bufts=False   0 up to k = 5, then 0.82 - 1.24  not measured
+    F16                             0.016 - 0.056                    0.047
+    F32                             0.005 - 0.017                    0.040
 
 So the self-check sees repacked Q4_K_M (0.039 relative) and flash attention off on any quantized
 type (0.010 - 0.058), but not Q4_K_M without repacking, whose kernels change only from 8 tokens.
