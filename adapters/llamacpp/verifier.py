@@ -171,14 +171,14 @@ class LlamaCppVerifier:
         lib = import_llama_cpp()
         if not isinstance(llm, lib.Llama):
             raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
-        params = llm.context_params
+        params, offloaded = llm.context_params, _offloaded(lib, llm.model_params.n_gpu_layers)
         if own_context:
             n_seq_max = positive_int("n_seq_max", n_seq_max, minimum=2)
             params = tree_context_params(lib, llm.context_params, n_seq_max=n_seq_max)
             ctx = new_context(lib, llm.model, params)
             owner = _Owner(lib, None, ctx)
             verifier = cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm),
-                           max_tree_nodes=max_tree_nodes, offloaded=_offloaded(lib, llm.model_params.n_gpu_layers))
+                           max_tree_nodes=max_tree_nodes, offloaded=offloaded)
         else:
             limits = read_limits(lib, llm.ctx)
             if limits.max_leaves == 0 and strict:
@@ -190,7 +190,7 @@ class LlamaCppVerifier:
                     f"LlamaCppVerifier.from_llama(llm, own_context=True) or "
                     f"LlamaCppVerifier.from_gguf(path, n_seq_max={DEFAULT_SEQ_MAX})")
             verifier = cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm, max_tree_nodes=max_tree_nodes,
-                           offloaded=_offloaded(lib, llm.model_params.n_gpu_layers))
+                           offloaded=offloaded)
         return verifier._checked(params.flash_attn_type) if self_check else verifier
 
     def close(self) -> None:
