@@ -47,6 +47,60 @@ def test_run_benchmark_interleaves_checks_identity_and_summarizes(tmp_path):
         assert os.path.getsize(paths[1]) > 1000  # a real PNG
 
 
+def test_rounds_report_each_runs_median_round_and_start_every_dataset_afresh():
+    """rounds=3: every (method, prompt) is the record of its median-speed round (not the first, the
+    fastest or the slowest), each round resets every method at each dataset, and an output differing
+    in any round is not identical."""
+    from draftcore.errors import ConfigError
+    plain_seconds = iter([3.0, 1.0, 2.0] * 10)   # per call, in call order: round r, prompt i
+    fast_seconds = iter([0.5, 0.2, 0.9] * 10)
+    resets = []
+    flaky_round = {"n": 0}
+
+    def timed(name, seconds, flaky=False):
+        def run(prompt_ids, max_new_tokens):
+            tokens = (np.arange(max_new_tokens) + int(prompt_ids[0])).astype(np.int32)
+            if flaky and flaky_round["n"] == 3:  # fast's third reset: round 1, dataset d
+                tokens[2] += 1                    # differs from plain there only, not its median round
+            return Run(tokens, next(seconds), 4)
+        return Method(name, run, reset=lambda: (resets.append(name),
+                                                 flaky_round.update(n=flaky_round["n"] + (name == "fast"))))
+    plain, fast = timed("plain", plain_seconds), timed("fast", fast_seconds, flaky=True)
+    prompts = [Prompt("d", 0, np.array([1], np.int32)), Prompt("e", 0, np.array([2], np.int32))]
+    records = run_benchmark([plain, fast], prompts, 8, warmup=0, rounds=3)
+    assert resets == ["plain", "fast"] * 6        # 2 datasets x 3 rounds
+    assert len(records) == 4
+    by = {(r["dataset"], r["method"]): r for r in records}
+    # plain's seconds by round: d -> 3, 2, 1 (calls 0, 2, 4); e -> 1, 3, 2 (calls 1, 3, 5)
+    assert by[("d", "plain")]["seconds"] == 2.0 and by[("e", "plain")]["seconds"] == 2.0
+    assert by[("d", "plain")]["tokens_per_second_by_round"] == [8 / 3, 8 / 2, 8 / 1]
+    assert by[("d", "fast")]["seconds"] == 0.5    # 0.5, 0.9, 0.2 by round: the median
+    assert by[("d", "fast")]["identical"] is False and by[("d", "fast")]["first_difference"] == 2
+    assert by[("d", "plain")]["identical"] is True
+    assert run_benchmark([plain], prompts, 8, warmup=0, rounds=1)[0].get("tokens_per_second_by_round") is None
+    with pytest.raises(ConfigError, match="rounds: expected an int >= 1, got 0"):
+        run_benchmark([plain], prompts, 8, rounds=0)
+
+
+def test_each_round_restarts_the_bare_calls_session():
+    """The bare call keeps its session's trie across prompts and datasets (what a user gets), but a
+    new round must not draft from the previous round's outputs: each round restarts it."""
+    from toy import ToyModel, ToyVerifier
+
+    from draftcore.session import Session
+    verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
+    bare = bare_call_method("bare", verifier)
+    prompts = [Prompt("d", i, np.array([1, 2, 3, 1, 2, 3, 1, i + 2], np.int32)) for i in range(2)]
+    learnt = []
+    for _ in range(2):
+        assert run_benchmark([bare], prompts, 24, warmup=0)[0]["identical"]
+        learnt.append((Session.of(verifier).drafter, Session.of(verifier).drafter.n_nodes))
+    (first, first_nodes), (second, second_nodes) = learnt
+    assert second is not first and second_nodes == first_nodes > 0   # the same work, from nothing
+    bare.run(np.array([9, 8, 7, 6], np.int32), 24)                     # no restart: it keeps learning
+    assert Session.of(verifier).drafter is second and second.n_nodes > second_nodes
+
+
 def test_sampled_methods_are_compared_with_nothing():
     plain = _fake_method("plain", 0.02)
     sampled = _fake_method("sampled", 0.01)

@@ -138,6 +138,8 @@ def test_bench_records_the_backends_model_settings(tmp_path, monkeypatch):
     backends.register_backend("toy", "fake_backend")
     prefix = tmp_path / "toy"
     assert cli.main(["bench", "--backend", "toy", "--datasets", "d", "--n", "2", "--warmup", "0",
-                     "--max-new-tokens", "6", "--methods", "nodraft", "--out", str(prefix)]) == 0
-    config = json.loads((tmp_path / "toy.json").read_text())["config"]
+                     "--max-new-tokens", "6", "--methods", "nodraft", "--rounds", "3", "--out", str(prefix)]) == 0
+    written = json.loads((tmp_path / "toy.json").read_text())
+    config = written["config"]
     assert config["attn"] == "toy-attention"   # what the backend loaded, though no --attn was given
+    assert config["rounds"] == 3 and all(len(r["tokens_per_second_by_round"]) == 3 for r in written["records"])

@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..validate import positive_int
+
 
 @dataclass
 class Run:
@@ -30,13 +32,15 @@ class Run:
 
 @dataclass
 class Method:
-    """name: shown in the table; run(prompt_ids, max_new_tokens) -> Run; reset(): new dataset.
+    """name: shown in the table; run(prompt_ids, max_new_tokens) -> Run; reset(): new dataset;
+    restart(): new round of the whole prompt list (for state a method keeps across datasets).
     sampled: the method samples, so its output is compared with no other (identical is None)."""
 
     name: str
     run: Callable[[np.ndarray, int], Run]
     reset: Callable[[], None] = lambda: None
     sampled: bool = False
+    restart: Callable[[], None] = lambda: None
 
 
 def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token_id=None, sampling=None,
@@ -110,13 +114,15 @@ def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
                      count_forwards: Callable[[], int] | None = None) -> Method:
     """`draftcore.speculate(verifier, prompt)` with no drafter and no budget: what a user gets from
     the bare call (the verifier's `Session.of`, kept across every prompt and dataset, never reset)."""
+    from ..session import Session
+
     seeds = iter(range(1 << 62))
 
     def run(prompt_ids, max_new_tokens) -> Run:
         return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, eos_token_id=eos_token_id,
                               sampling=_next_seed(sampling, seeds))
 
-    return Method(name, run, sampled=sampling is not None)
+    return Method(name, run, sampled=sampling is not None, restart=lambda: Session.of(verifier).reset())
 
 
 def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **options) -> Run:
@@ -142,11 +148,27 @@ class Prompt:
 
 
 def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_tokens: int, *,
-                  warmup: int = 1, progress=None) -> list[dict]:
+                  warmup: int = 1, rounds: int = 1, progress=None) -> list[dict]:
     """Run every method on every prompt (methods interleaved per prompt); the first `warmup` prompts
     of each dataset are run but not recorded. The first method is the reference for identical-output
     checks (none for sampled methods, or when the reference samples). Returns one record per
-    (method, recorded prompt)."""
+    (method, recorded prompt).
+
+    rounds: how many times the whole prompt list is run. Each round starts afresh (`Method.restart`,
+    then `Method.reset` at every dataset), so a method that learns from past outputs never sees a prompt's output before
+    generating it, and every round does the same work; only the machine's noise differs. A
+    record is then the round of median speed of that method on that prompt (the lower median when
+    `rounds` is even), with every round's tokens/s beside it; its output counts as identical only if
+    it was in every round.
+    """
+    rounds = positive_int("rounds", rounds)
+    by_round = [_run_round(methods, prompts, max_new_tokens, warmup, progress) for _ in range(rounds)]
+    return [_median_round(runs) for runs in zip(*by_round)] if rounds > 1 else by_round[0]
+
+
+def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress) -> list[dict]:
+    for method in methods:
+        method.restart()
     records = []
     seen: dict[str, int] = {}
     for prompt in prompts:
@@ -177,6 +199,19 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
         if progress is not None:
             progress(prompt)
     return records
+
+
+def _median_round(runs: Sequence[dict]) -> dict:
+    """One (method, prompt)'s records from every round, as the record of its median-speed round."""
+    assert len({(r["dataset"], r["idx"], r["method"]) for r in runs}) == 1, "rounds recorded other runs"
+    speeds = [r["tokens_per_second"] for r in runs]
+    chosen = dict(runs[int(np.argsort(speeds, kind="stable")[(len(runs) - 1) // 2])])
+    chosen["tokens_per_second_by_round"] = speeds
+    if chosen["identical"] is not None:
+        chosen["identical"] = all(r["identical"] for r in runs)
+        chosen["first_difference"] = next((r["first_difference"] for r in runs if not r["identical"]),
+                                          chosen["first_difference"])
+    return chosen
 
 
 def _first_difference(a: np.ndarray, b: np.ndarray) -> int:

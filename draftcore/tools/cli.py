@@ -131,8 +131,9 @@ def _bench_command(args) -> int:
         prompts += backend.load_prompts(tokenizer, dataset, args.n + args.warmup)
     names = args.methods.split(",") if args.methods else list(getattr(backend, "METHODS", ()))
     methods = backend.make_methods(model, tokenizer, names) if names else backend.make_methods(model, tokenizer)
-    bar = _progress(len(prompts), "bench")
-    records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=args.warmup, progress=bar)
+    bar = _progress(len(prompts) * args.rounds, "bench")
+    records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=args.warmup, rounds=args.rounds,
+                            progress=bar)
     bar(None)
     rows = summarize(records, baseline=methods[0].name)
     print(format_table(rows))
@@ -245,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", default="humaneval,mtbench")
     p.add_argument("--n", type=int, default=20, help="recorded prompts per dataset")
     p.add_argument("--warmup", type=int, default=1, help="prompts per dataset run first and not recorded")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the whole prompt list this many times, each afresh; each (method, prompt) "
+                        "reports its median-speed round (steadier ratios on a noisy machine)")
     p.add_argument("--methods", default=None,
                    help="comma-separated method names (default: the backend's METHODS; the first is the reference)")
     p.add_argument("--out", default="bench_out/bench", help="prefix of the .json and .png written")
