@@ -76,6 +76,7 @@ def test_rounds_report_each_runs_median_round_and_start_every_dataset_afresh():
     assert by[("d", "plain")]["tokens_per_second_by_round"] == [8 / 3, 8 / 2, 8 / 1]
     assert by[("d", "fast")]["seconds"] == 0.5    # 0.5, 0.9, 0.2 by round: the median
     assert by[("d", "fast")]["identical"] is False and by[("d", "fast")]["first_difference"] == 2
+    assert by[("d", "fast")]["identical_by_round"] == [True, False, True]
     assert by[("d", "plain")]["identical"] is True
     assert run_benchmark([plain], prompts, 8, warmup=0, rounds=1)[0].get("tokens_per_second_by_round") is None
     with pytest.raises(ConfigError, match="rounds: expected an int >= 1, got 0"):

@@ -21,6 +21,15 @@ So the self-check sees repacked Q4_K_M (0.039 relative) and flash attention off 
 type (0.010 - 0.058), but not Q4_K_M without repacking, whose kernels change only from 8 tokens.
 On 20 HumanEval prompts (128 new tokens, 2 threads) repacked Q4_K_M made 9 of 20 of draftcore's
 outputs, and 17 of 20 of llama-cpp-python's own prompt lookup, differ from plain greedy.
+
+Why the cap is not found by probing each tree size at construction (measured 2026-11-26: chains,
+two-branch trees and stars of 2-9 nodes, and chains of 2-63, against one-token decoding, 2 threads):
+- With flash attention off, exactness follows the tokens and positions, not the size: on Q4_1 a
+  3-token chain was off by 0.023 relative in one draw while chains of up to 6 were exact in another.
+  No size can be promised exact; the advice stays flash_attn=True.
+- Repacked Q4_K_M is exact for chains of up to 3 tokens, but a 3-node tree with two leaves is off by
+  0.026: the largest exact tree has 2 nodes, one drafted token, too few to pay for the check.
+- Probing every size up to 63 took 4-8 s on SmolLM2, and would take minutes for a 7B model on a CPU.
 """
 from __future__ import annotations
 

@@ -158,8 +158,8 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
     then `Method.reset` at every dataset), so a method that learns from past outputs never sees a prompt's output before
     generating it, and every round does the same work; only the machine's noise differs. A
     record is then the round of median speed of that method on that prompt (the lower median when
-    `rounds` is even), with every round's tokens/s beside it; its output counts as identical only if
-    it was in every round.
+    `rounds` is even), with every round's tokens/s (and identical output) beside it; its output counts
+    as identical only if it was in every round.
     """
     rounds = positive_int("rounds", rounds)
     by_round = [_run_round(methods, prompts, max_new_tokens, warmup, progress) for _ in range(rounds)]
@@ -208,6 +208,7 @@ def _median_round(runs: Sequence[dict]) -> dict:
     chosen = dict(runs[int(np.argsort(speeds, kind="stable")[(len(runs) - 1) // 2])])
     chosen["tokens_per_second_by_round"] = speeds
     if chosen["identical"] is not None:
+        chosen["identical_by_round"] = [r["identical"] for r in runs]
         chosen["identical"] = all(r["identical"] for r in runs)
         chosen["first_difference"] = next((r["first_difference"] for r in runs if not r["identical"]),
                                           chosen["first_difference"])
