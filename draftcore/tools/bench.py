@@ -113,7 +113,8 @@ def fixed_budget_methods(names, make_method: Callable[[str, int], Method],
 def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
                      count_forwards: Callable[[], int] | None = None) -> Method:
     """`draftcore.speculate(verifier, prompt)` with no drafter and no budget: what a user gets from
-    the bare call (the verifier's `Session.of`, kept across every prompt and dataset, never reset)."""
+    the bare call (the verifier's `Session.of`, kept across every prompt and dataset; reset only
+    when a new round of the whole prompt list starts, `run_benchmark(rounds=...)`)."""
     from ..session import Session
 
     seeds = iter(range(1 << 62))
@@ -155,11 +156,11 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
     (method, recorded prompt).
 
     rounds: how many times the whole prompt list is run. Each round starts afresh (`Method.restart`,
-    then `Method.reset` at every dataset), so a method that learns from past outputs never sees a prompt's output before
-    generating it, and every round does the same work; only the machine's noise differs. A
-    record is then the round of median speed of that method on that prompt (the lower median when
-    `rounds` is even), with every round's tokens/s (and identical output) beside it; its output counts
-    as identical only if it was in every round.
+    then `Method.reset` at every dataset), so a method that learns from past outputs never sees a
+    prompt's output before generating it, and every round does the same work; only the machine's
+    noise differs. A record is then the round of median speed of that method on that prompt (the
+    lower median when `rounds` is even), with every round's tokens/s (and identical output) beside
+    it; its output counts as identical only if it was in every round.
     """
     rounds = positive_int("rounds", rounds)
     by_round = [_run_round(methods, prompts, max_new_tokens, warmup, progress) for _ in range(rounds)]
