@@ -212,17 +212,18 @@ class LlamaCppVerifier:
         """This verifier once it passed the self-check (warned about if its batches are not exact
         enough: numerics.py); closed if it did not. `flash_attn_type`: the context's setting, which
         the warning's advice names."""
+        ftype = int(self._lib.llama_model_ftype(self._model))
         try:
-            error = self._self_check()
+            error = self._self_check(ftype)
         except BaseException:
             self.close()
             raise
-        warn_if_inexact(self._lib, error, ftype=int(self._lib.llama_model_ftype(self._model)),
-                        flash_attn_type=int(flash_attn_type))
+        warn_if_inexact(self._lib, error, ftype=ftype, flash_attn_type=int(flash_attn_type))
         return self
 
-    def _self_check(self) -> float:
-        """draftcore.selfcheck.check_tree_attention on this context, then an empty sequence.
+    def _self_check(self, ftype: int) -> float:
+        """draftcore.selfcheck.check_tree_attention on this context (model file type `ftype`, which
+        sets the tolerance), then an empty sequence.
 
         In tree mode the check's tree (5 nodes, 2 leaves) tests the sequence-id tagging; in
         chain-only mode the per-branch decodes and their rollback. A tree-mode context with a single
@@ -234,7 +235,6 @@ class LlamaCppVerifier:
             raise ConfigError(f"self_check: the construction self-check needs n_ctx >= {N_POSITIONS} and "
                               f"max_tree_nodes >= 5, got n_ctx={self.max_context}, max_tree_nodes="
                               f"{self.max_tree_nodes}; pass self_check=False for such a small context")
-        ftype = int(self._lib.llama_model_ftype(self._model))
         tol = self_check_tolerance(self._lib, ftype)
         if self.chain_only:
             name = "LlamaCppVerifier (chain-only)"
