@@ -1,1 +1,2 @@
-"""Backends, each a Verifier over one framework; each imports its framework lazily."""
+"""Backends: a Verifier over each framework, and for vLLM a proposer (vLLM verifies itself); each
+imports its framework lazily."""

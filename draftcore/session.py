@@ -109,7 +109,7 @@ class Session:
         return f"Session({type(self.verifier).__name__}, drafter={self.drafter!r}, budget={self.budget!r})"
 
 
-DEFAULT_DRAFTER = "trie"  # what measured best end to end (docs/design.md, "Choosing the default drafter")
+DEFAULT_DRAFTER = "trie"  # what measured best end to end (README.md, "Drafters": "The trie stays the default")
 
 
 def default_drafter(verifier):

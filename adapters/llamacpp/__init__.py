@@ -39,4 +39,4 @@ from .draft_model import DraftcoreDraftModel  # noqa: E402
 from .numerics import InexactBatchWarning  # noqa: E402
 from .verifier import ChainOnlyWarning, LlamaCppVerifier  # noqa: E402
 
-__all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "DraftcoreDraftModel"]
+__all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "InexactBatchWarning", "DraftcoreDraftModel"]

@@ -23,9 +23,9 @@ Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
     prompt_lookup    a Llama with draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
     draft_model      a Llama with draft_model=DraftcoreDraftModel(): draftcore's trie and budget
+                     inside llama-cpp-python's own loop (chains only; kept across every prompt)
     null_draft_model a Llama with a draft model that never drafts: what the draft_model hook itself
                      costs (llama-cpp-python computes logits for every position once one is attached)
-                     inside llama-cpp-python's own loop (chains only; kept across every prompt)
     bare             draftcore.speculate(verifier, prompt): the bare call, with the verifier's own
                      session (a TrieDrafter and the auto budget, kept across every prompt)
     trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's

@@ -14,7 +14,7 @@ Methods (all on the same model object), greedy:
                      across every prompt and dataset) drafts: what a user gets without configuring
     trie             draftcore.speculate with an explicit TrieDrafter carried across the dataset's
                      prompts and a CostAwareBudget (tree size from measured step cost and draft
-                     confidence): the README's recommended call, started afresh per dataset
+                     confidence), given explicitly and started afresh per dataset
     DRAFTER-fixedN   a drafter by name (trie, composite, ...) with a fixed budget of N drafted nodes
                      per step, carried across the dataset's prompts (e.g. trie-fixed16, trie-fixed5)
     ngram, ngram-paper, jacobi, jacobi-paper, composite, composite-nowindow
