@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .jit import kernels
 from .tree import DraftTree
 from .validate import positive_float, positive_int
@@ -376,6 +376,9 @@ class CostAwareBudget:
         return self._lookahead.wants()
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
+        # NaN or a negative time too: one bad time would steer every later choice
+        if not isinstance(seconds, (int, float, np.number)) or not 0 <= seconds < math.inf:
+            raise InputError(f"seconds: expected the step's finite duration >= 0, got {seconds!r}")
         self._step += 1
         if tree.n_candidates == 1 and not tree.n_lookahead:
             self._learn_root_seconds(0 if self._asked else 1, seconds)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .errors import BackendError, describe
+from .errors import BackendError, InputError, describe
 
 
 
@@ -175,12 +175,14 @@ class LogitsProcessor:
         if self.logits_processors:
             self._apply_prefix_functions(z, tokens, parents, nodes)
         if not self.warp:
+            _check_rows(z.max(axis=1), self)
             return z, None
         if self.temperature != 1.0:
             z /= np.float32(self.temperature)
         if 0 < self.top_k < self.vocab_size:
             z[z < _kth_largest(z, self.top_k)[:, None]] = -np.inf
         zmax = z.max(axis=1)
+        _check_rows(zmax, self)
         e = np.exp(z - zmax[:, None])  # p / max(p), float32 like torch's softmax
         if self.top_p < 1.0 or self.min_p > 0.0:
             _nucleus(z, e, zmax, self.top_p, np.float32(self.min_p))
@@ -254,6 +256,19 @@ def _penalise(z, tokens, parents, nodes, seen, seen_ids, n_seen, counts, repetit
                     z[r, t] = _penalty(z[r, t], extra[t], repetition, presence, frequency)
                 extra[t] = 0
             j = parents[j]
+
+
+def _check_rows(row_max: np.ndarray, options) -> None:
+    """InputError unless every processed row has a finite largest logit: a NaN, an overflow to inf or
+    a row with every token filtered out leaves nothing to choose, and argmax or sampling would
+    then quietly return token 0 (transformers raises on such rows too)."""
+    if not np.isfinite(row_max).all():
+        bad = float(row_max[~np.isfinite(row_max)][0])
+        raise InputError(f"sampling: the processed logits of a row have largest value {bad} (nothing left to "
+                         f"choose); the options (temperature={options.temperature}, repetition_penalty="
+                         f"{options.repetition_penalty}, presence_penalty={options.presence_penalty}, "
+                         f"frequency_penalty={options.frequency_penalty}) or a logits processor overflowed "
+                         f"float32 or filtered out every token")
 
 
 @nb.njit(cache=True, inline="always")

@@ -153,7 +153,14 @@ def _number(name, value, low, high, expected, open_low=False) -> float:
     value = float(value)
     if not math.isfinite(value) or value < low or value > high or (open_low and value == low):
         raise ConfigError(f"{name}: expected {expected}, got {value}")
+    # the logits are float32: a value that is 0 or subnormal there divides them into inf or NaN
+    if value != 0 and not _FLOAT32_TINY <= abs(value) <= _FLOAT32_MAX:
+        raise ConfigError(f"{name}: expected {expected}, with a float32 magnitude in [{_FLOAT32_TINY:.4g}, "
+                          f"{_FLOAT32_MAX:.4g}] where nonzero (the logits are float32), got {value}")
     return value
+
+
+_FLOAT32_TINY, _FLOAT32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 
 
 # -- acceptance rules: what the decode loop asks for and how it turns the answer into tokens ------------

@@ -21,6 +21,7 @@ import warnings
 import weakref
 
 from .budget import CostAwareBudget, as_budget_policy
+from .errors import ConfigError, describe
 from .validate import positive_int
 
 
@@ -41,11 +42,17 @@ class Session:
         self._verifier = verifier
         self._custom_drafter = drafter is not None
         self._budget_spec = budget
+        auto_budget = isinstance(budget, str) and budget == "auto"
+        budget = CostAwareBudget() if auto_budget else as_budget_policy(budget)
         if isinstance(drafter, str):
             drafter = make_drafter(drafter, getattr(verifier, "vocab_size", None))
+        elif drafter is not None and not (callable(getattr(drafter, "start", None)) or all(
+                callable(getattr(drafter, m, None)) for m in ("propose", "update", "finish"))):
+            raise ConfigError(f"drafter: expected None, a name or a Drafter (start(prompt) returning a request, or "
+                              f"propose/update/finish itself), got {describe(drafter)}")
         self.drafter = drafter if drafter is not None else default_drafter(verifier)
         self._named: dict = {}  # name -> drafter, for speculate(verifier, prompt, drafter="name")
-        self.budget = CostAwareBudget() if budget == "auto" else as_budget_policy(budget)
+        self.budget = budget
 
     @classmethod
     def of(cls, verifier) -> "Session":
@@ -87,16 +94,25 @@ class Session:
     def speculate(self, prompt, **options):
         """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`."""
         from .speculate import speculate
-        options.setdefault("drafter", self.drafter)
-        options.setdefault("budget", self.budget)
-        return speculate(self.verifier, prompt, **options)
+        return speculate(self.verifier, prompt, **self._own(options))
 
     def stream(self, prompt, **options):
         """`draftcore.speculate_stream` with this session's drafter and budget."""
         from .speculate import speculate_stream
-        options.setdefault("drafter", self.drafter)
-        options.setdefault("budget", self.budget)
-        return speculate_stream(self.verifier, prompt, **options)
+        return speculate_stream(self.verifier, prompt, **self._own(options))
+
+    def _own(self, options: dict) -> dict:
+        """`options` with drafter None or a name, and budget None or "auto", resolved in this session
+        (passed on as they are, speculate would resolve them in the verifier's default session)."""
+        budget = options.get("budget")
+        if budget is None or (isinstance(budget, str) and budget == "auto"):
+            budget = self.budget
+        else:
+            as_budget_policy(budget)   # refused before a name below is learnt
+        drafter = options.get("drafter")
+        drafter = self.drafter if drafter is None else self.named_drafter(drafter) if isinstance(drafter, str) \
+            else drafter
+        return {**options, "drafter": drafter, "budget": budget}
 
     def reset(self) -> None:
         """Forget what was learnt: a fresh default drafter (unless one was given) and budget."""

@@ -21,6 +21,7 @@ asks for the candidates' logits, processes each row for its own prefix and accep
 """
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from typing import Iterator, Sequence
@@ -219,12 +220,19 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
         clock = time.perf_counter
     elif not callable(clock):
         raise ConfigError(f"clock: expected a callable returning seconds, got {describe(clock)}")
-    if drafter is None or isinstance(drafter, str) or budget is None or (isinstance(budget, str) and budget == "auto"):
+    else:
+        clock = _checked_clock(clock)
+    auto_budget = budget is None or (isinstance(budget, str) and budget == "auto")
+    policy = None if auto_budget else as_budget_policy(budget)   # refused before a session learns a name
+    if drafter is None or isinstance(drafter, str) or auto_budget:
         session = Session.of(verifier)
         drafter = session.drafter if drafter is None else session.named_drafter(drafter) if isinstance(
             drafter, str) else drafter
-        budget = session.budget if budget is None or isinstance(budget, str) and budget == "auto" else budget
-    policy = as_budget_policy(budget)
+        if auto_budget:
+            policy = as_budget_policy(session.budget)
+    if isinstance(drafter, type):
+        raise ConfigError(f"drafter: expected a drafter object, got the class {drafter.__name__}; pass an instance "
+                          f"({drafter.__name__}(...)) or a name")
     shared = serves_many(drafter)
     needed = ("start",) if shared else ("start",) + _REQUEST_METHODS
     missing = [m for m in needed if not callable(getattr(drafter, m, None))]
@@ -458,3 +466,22 @@ class _Stops:
             if n_generated + i + 1 >= max_new_tokens:
                 return emitted[:i + 1], "max_new_tokens"
         return emitted, None
+
+
+def _checked_clock(clock):
+    """A caller's clock, refused (ConfigError) when it returns anything but finite, non-decreasing
+    seconds: the budget learns step costs from its differences, and a negative cost would steer it
+    for the rest of the session."""
+    last = -math.inf
+
+    def checked() -> float:
+        nonlocal last
+        now = clock()
+        if isinstance(now, bool) or not isinstance(now, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(now) or now < last:
+            raise ConfigError(f"clock: expected a callable returning finite, non-decreasing seconds; it returned "
+                              f"{now!r} after {last!r}")
+        last = float(now)
+        return last
+    checked()   # one reading now, so that a clock of the wrong kind is refused before anything runs
+    return checked

@@ -65,7 +65,7 @@ class DraftTree:
             depths = kernels("draftcore.tree_kernels").depths_from_parents(parents)
         depths = _int32_vector("depths", depths)
         if scores is not None:
-            scores = np.ascontiguousarray(scores, dtype=np.float32)
+            scores = _score_vector(scores, tokens.shape[0])
         tree = DraftTree(tokens, parents, depths, scores, n_lookahead)
         tree.check()
         return tree
@@ -175,10 +175,23 @@ def score_bins_of(scores: np.ndarray, n_bins: int) -> np.ndarray:
     return np.clip((scores * n_bins).astype(np.int64), 0, n_bins - 1)
 
 
+def _score_vector(value, n: int) -> np.ndarray:
+    """float32[n] of finite scores (they are binned and ranked: a NaN would land in no bin), or InputError."""
+    arr = np.asarray(value)
+    if arr.shape != (n,) or arr.dtype.kind not in "iuf" or not np.isfinite(arr).all():
+        raise InputError(f"scores: expected {n} finite floats (one per node), got {describe(value)}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
 def _int32_vector(name, value) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise InputError(f"{name}: expected a 1-D int32 array, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise InputError(f"{name}: expected dtype=int32, got {describe(arr)}")
+    if arr.size and arr.dtype.itemsize >= 4 and arr.dtype != np.int32:   # a cast would wrap these silently
+        low, high = int(arr.min()), int(arr.max())
+        limits = np.iinfo(np.int32)
+        if low < limits.min or high > limits.max:
+            raise InputError(f"{name}: expected int32 values, got {low if low < limits.min else high}")
     return np.ascontiguousarray(arr, dtype=np.int32)

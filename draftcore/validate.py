@@ -44,6 +44,13 @@ def token_array(name: str, value, vocab_size: int | None = None, allow_empty: bo
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def flag(name: str, value) -> bool:
+    """Return `value` as a bool, or raise ConfigError: bool("False") is True, so no coercion."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}: expected True or False, got {describe(value)}")
+    return bool(value)
+
+
 def positive_int(name: str, value, minimum: int = 1) -> int:
     """Return `value` as an int >= minimum, or raise ConfigError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -576,6 +576,17 @@ def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
         LlamaCppVerifier.from_gguf(path, n_seq_max=1)
     with pytest.raises(ConfigError):
         LlamaCppVerifier.from_llama("model.gguf")
+    # unchecked, llama.cpp aborts (type_k=9999: GGML_ASSERT) or crashes (type_k=-1) on these, or ctypes
+    # raises a bare TypeError
+    for bad, name in ((dict(type_k=9999), "type_k"), (dict(type_v=-1), "type_v"), (dict(type_k="f32"), "type_k"),
+                      (dict(n_gpu_layers="x"), "n_gpu_layers"), (dict(n_gpu_layers=1.5), "n_gpu_layers"),
+                      (dict(n_ubatch=2.5), "n_ubatch"), (dict(flash_attn="yes"), "flash_attn")):
+        with pytest.raises(ConfigError, match=f"^{name}: .*got"):
+            LlamaCppVerifier.from_gguf(path, n_ctx=64, **bad)
+    with pytest.raises(ConfigError, match="^path: .*None"):
+        LlamaCppVerifier.from_gguf(None)
+    with pytest.raises(InputError, match="^text: expected a str"):
+        fresh.encode(3)
     fresh.close()
     with pytest.raises(InputError, match="closed"):
         fresh.prefill(np.array([1], np.int32))

@@ -287,6 +287,7 @@ def test_observe_of_a_root_only_tree_or_after_finish_changes_nothing():
     (dict(choices=0), "choices"),
     (dict(branching=0), "branching"),
     (dict(rows=8.0), "rows"),
+    (dict(learn_from_model="no"), "learn_from_model"),   # bool("no") is True: refused, not coerced
 ])
 def test_bad_constructor_args_raise_config_error_naming_the_argument(kwargs, name):
     with pytest.raises(ConfigError) as info:

@@ -182,6 +182,75 @@ def test_a_drafter_without_observe_is_unaffected():
     check_result(result, *expected_output(model, [4, 5, 6], 30))
 
 
+OBSERVING_DRAFTERS = {
+    "trie": lambda: TrieDrafter(token_limit=16, learn_from_model=True),
+    "ngram": lambda: draftcore.NGramDrafter(),
+    "jacobi": lambda: draftcore.JacobiDrafter(window=3, levels=3),
+    "composite": lambda: draftcore.CompositeDrafter(token_limit=16),
+}
+
+
+def _same_tree(a: DraftTree, b: DraftTree) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("tokens", "parents", "depths")) \
+        and a.n_lookahead == b.n_lookahead
+
+
+def _malformed(tree: DraftTree) -> DraftTree:
+    """`tree` with node 1 hung from a parent that does not exist (the kernels index with parents)."""
+    parents = tree.parents.copy()
+    parents[1] = 10 ** 9
+    return DraftTree(tree.tokens.copy(), parents, tree.depths.copy(), None, tree.n_lookahead)
+
+
+@pytest.mark.parametrize("name", sorted(OBSERVING_DRAFTERS))
+def test_every_drafters_observe_refuses_malformed_arguments_and_changes_nothing(name):
+    """observe is public: a caller's malformed tree, tokens or path is an InputError naming the
+    argument, raised before any kernel reads them (unchecked, a bad parent index crashed the process
+    and a short node_tokens array put out-of-bounds memory into later drafts). The request then goes
+    on exactly as a twin that never saw the bad calls."""
+    context = np.array([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2], np.int32)
+    bad, twin = OBSERVING_DRAFTERS[name]().start(context), OBSERVING_DRAFTERS[name]().start(context)
+    tree = bad.propose(context, 6)
+    assert _same_tree(twin.propose(context, 6), tree) and len(tree) >= 3
+    n = len(tree)
+    good_tokens, good_path = np.full(n, 4, np.int32), np.array([0], np.int32)
+    cases = [
+        (dict(tree=_malformed(tree)), "tree"),
+        (dict(tree="tree"), "tree"),
+        (dict(node_tokens=good_tokens[:1]), "node_tokens"),
+        (dict(node_tokens=good_tokens.astype(np.float32)), "node_tokens"),
+        (dict(node_tokens=np.r_[good_tokens[:-1], -2].astype(np.int32)), "node_tokens"),
+        (dict(node_tokens=np.r_[good_tokens[:-1].astype(np.int64), 2 ** 32 + 4]), "node_tokens"),   # int64 that would wrap to 4
+        (dict(path=np.array([0, n], np.int32)), "path"),
+        (dict(path=np.array([1], np.int32)), "path"),
+        (dict(path=[]), "path"),
+    ]
+    for change, argument in cases:
+        args = {**dict(tree=tree, node_tokens=good_tokens, path=good_path), **change}
+        with pytest.raises(draftcore.InputError) as info:
+            bad.observe(**args)
+        assert str(info.value).startswith(argument), (change, str(info.value))
+    following = np.r_[context, 4].astype(np.int32)
+    for request in (bad, twin):
+        request.observe(tree, good_tokens, good_path)
+        request.update(np.array([4], np.int32))
+    assert _same_tree(bad.propose(following, 6), twin.propose(following, 6))
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    (dict(tokens=np.array([2 ** 32 + 5, 3], np.int64), parents=[-1, 0]), "tokens"),   # would wrap to 5
+    (dict(tokens=np.array([2 ** 63, 3], np.uint64), parents=[-1, 0]), "tokens"),      # would wrap to 0
+    (dict(tokens=[1, 3], parents=np.array([-1, 2 ** 32], np.int64)), "parents"),       # would wrap to 0
+    (dict(tokens=[1, 3], parents=[-1, 0], scores="abc"), "scores"),
+    (dict(tokens=[1, 3], parents=[-1, 0], scores=[1.0, float("nan")]), "scores"),
+    (dict(tokens=[1, 3], parents=[-1, 0], scores=[1.0]), "scores"),
+])
+def test_draft_tree_build_refuses_values_a_cast_would_change(kwargs, argument):
+    with pytest.raises(draftcore.InputError, match=f"^{argument}: "):
+        DraftTree.build(**kwargs)
+    built = DraftTree.build(np.array([7, 3], np.uint32), np.array([-1, 0], np.int64), scores=[1, 0.5])
+    assert built.tokens.tolist() == [7, 3] and built.scores.dtype == np.float32
+
 # -- node roles ----------------------------------------------------------------------------------------
 @SETTINGS
 @given(requests(), st.integers(1, 3), st.integers(1, 6), st.sampled_from(["oracle", "trie"]))
@@ -452,6 +521,32 @@ def test_session_of_a_verifier_is_kept_visible_and_resettable():
     assert session.drafter is not mine and mine.n_nodes > 0  # an explicit drafter overrides, for that call only
     assert "Session(ToyVerifier" in repr(session)
 
+
+def test_an_own_session_resolves_none_names_and_auto_itself():
+    """session.speculate(drafter=None / a name, budget="auto") means this session's own drafter and
+    budget, not those of the verifier's default session."""
+    verifier = ToyVerifier(ToyModel(vocab_size=10, seed=4))
+    default = draftcore.Session.of(verifier)
+    mine = draftcore.Session(verifier)
+    prompt = [1, 2, 3, 1, 2, 3]
+    mine.speculate(prompt, max_new_tokens=20, drafter=None, budget="auto")
+    mine.speculate(prompt, max_new_tokens=20, drafter="ngram", budget=None)
+    assert default.drafter.n_nodes == 0 and default.budget._step == 0 and not default._named
+    assert mine.drafter.n_nodes > 0 and mine.budget._step > 0 and list(mine._named) == ["ngram"]
+
+
+def test_a_bad_budget_is_refused_before_a_session_learns_a_drafter_name():
+    verifier = ToyVerifier(ToyModel(vocab_size=10))
+    for call in (lambda: draftcore.speculate(verifier, [1, 2], max_new_tokens=4, drafter="ngram", budget="x"),
+                 lambda: draftcore.Session.of(verifier).speculate([1, 2], max_new_tokens=4, drafter="ngram",
+                                                                  budget=-1)):
+        with pytest.raises(ConfigError, match="budget"):
+            call()
+    assert not draftcore.Session.of(verifier)._named
+    with pytest.raises(ConfigError, match="^drafter: .*3"):
+        draftcore.Session(verifier, drafter=3)
+    with pytest.raises(ConfigError, match="^budget: "):
+        draftcore.Session(verifier, budget=np.array([3, 4]))
 
 def test_session_is_dropped_with_its_verifier():
     verifier = ToyVerifier(ToyModel(vocab_size=10))

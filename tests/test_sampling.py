@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import draftcore
 import draftcore.acceptance
 import draftcore.sampling
-from draftcore import BackendError, ConfigError, DraftTree, SamplingParams, TrieDrafter
+from draftcore import BackendError, ConfigError, DraftTree, InputError, SamplingParams, TrieDrafter
 from draftcore.acceptance import sample_step
 from draftcore.processors import LogitsProcessor, softmax
 from naive_sampling import (VARIANTS, chi2_sf, exact_sequence_probs, goodness_of_fit, naive_process,
@@ -545,6 +545,10 @@ def test_plain_sample_through_a_verifier_matches_the_model():
     (dict(frequency_penalty=None, seed=-3), ["seed", "-3"]),
     (dict(do_sample="yes"), ["do_sample", "'yes'"]),
     (dict(top_pp=0.9), ["top_pp", "unknown"]),
+    # finite in float64 but 0, subnormal or inf in float32, where the logits are divided or shifted by them
+    (dict(temperature=1e-40), ["temperature", "1e-40", "float32"]),
+    (dict(repetition_penalty=1e-50), ["repetition_penalty", "1e-50", "float32"]),
+    (dict(frequency_penalty=-1e300), ["frequency_penalty", "-1e+300", "float32"]),
 ])
 def test_bad_sampling_options_are_refused_up_front(options, words):
     verifier = ToyVerifier(ToyModel(vocab_size=5))
@@ -553,6 +557,17 @@ def test_bad_sampling_options_are_refused_up_front(options, words):
     for w in words:
         assert w in str(info.value), (w, str(info.value))
     assert verifier.n_past == 0
+
+
+@pytest.mark.parametrize("do_sample", [True, False])
+@pytest.mark.parametrize("processor", [lambda ids, z: z * np.nan, lambda ids, z: np.full_like(z, -np.inf),
+                                       lambda ids, z: np.where(z > z.min(), np.inf, z)])   # overflowed
+def test_processed_rows_with_nothing_to_choose_are_an_error_not_token_zero(processor, do_sample):
+    """A processor (or options) leaving a row NaN, all -inf or overflowed: argmax and sampling would
+    quietly pick token 0 from it; the loop says so instead."""
+    with pytest.raises(InputError, match="sampling: the processed logits of a row"):
+        draftcore.speculate(ToyVerifier(ToyModel(vocab_size=5)), [1, 2], max_new_tokens=6, budget=3,
+                            sampling=dict(do_sample=do_sample, seed=0, logits_processors=[processor]))
 
 
 def test_sampling_of_the_wrong_type_is_refused():

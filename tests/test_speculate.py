@@ -436,7 +436,10 @@ BAD_CALLS = [
     (dict(budget=[4]), ConfigError, ["budget", "[4]"]),
     (dict(stop_sequences=5), InputError, ["stop_sequences", "5"]),
     (dict(drafter=object()), ConfigError, ["drafter", "propose"]),
+    (dict(drafter=TrieDrafter), ConfigError, ["drafter", "class TrieDrafter"]),
     (dict(clock=3.0), ConfigError, ["clock", "3.0"]),
+    (dict(clock=lambda: "x"), ConfigError, ["clock", "'x'"]),
+    (dict(clock=lambda: float("nan")), ConfigError, ["clock", "nan"]),
 ]
 
 
@@ -460,6 +463,20 @@ def test_bad_input_is_refused_before_any_state_changes(override, error, words, e
     assert verifier.cache == cache_before and verifier.n_verify == 0
     assert pool_contents(trie._state) == trie_before and trie.n_nodes == len(trie_before)
     trie.check_integrity()
+
+
+def test_a_clock_that_runs_backwards_is_refused_before_the_budget_learns_from_it():
+    """The budget learns step costs from the clock's differences; a negative one, kept, would steer
+    every later choice of the verifier's session."""
+    verifier = ToyVerifier(ToyModel(vocab_size=10, seed=0))
+    times = iter(range(1000, 0, -1))
+    with pytest.raises(ConfigError, match="clock: .*non-decreasing"):
+        draftcore.speculate(verifier, [1, 2, 3], max_new_tokens=8, clock=lambda: next(times))
+    budget = draftcore.Session.of(verifier).budget
+    assert budget._step == 0
+    with pytest.raises(InputError, match="seconds: .*-1.0"):
+        budget.observe(DraftTree.root_only(1), np.zeros(1, np.int32), -1.0)
+    assert budget._step == 0
 
 
 @pytest.mark.parametrize("attr, value, word", [("vocab_size", 0, "vocab_size"), ("vocab_size", None, "vocab_size"),

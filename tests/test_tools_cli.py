@@ -76,6 +76,33 @@ def test_replay_cli_prints_tokens_per_step_and_simulated_speedup(tmp_path, capsy
     assert "cost" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["replay", "--humaneval-canonical", "-3"], ["--humaneval-canonical", "'-3'"]),   # [:-3] would run 161
+    (["replay", "--json", "/nonexistent-folder/x.json"], ["--json", "existing folder"]),
+    (["bench", "--backend", "toy", "--warmup", "-1"], ["--warmup", "'-1'"]),
+    (["bench", "--backend", "toy", "--n", "0"], ["--n", "'0'"]),
+    (["record", "--backend", "toy", "--max-new-tokens", "0", "--out", "x.jsonl"], ["--max-new-tokens", "'0'"]),
+    (["record", "--backend", "toy", "--out", "/nonexistent-folder/r.jsonl"], ["--out", "existing folder"]),
+])
+def test_counts_and_output_paths_are_refused_before_a_run(argv, words, capsys, monkeypatch):
+    """A negative count is a slice from the end, a zero-token record writes traces replay refuses, and
+    an output folder that does not exist would fail only after the whole run."""
+    monkeypatch.setattr(backends, "_registered", {})
+    backends.register_backend("toy", "fake_backend")
+    with pytest.raises(SystemExit) as info:
+        cli.build_parser().parse_args(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("field", ['"idx": "abc"', '"idx": NaN', '"idx": Infinity'])
+def test_a_trace_with_a_bad_field_is_an_input_error_naming_the_line(tmp_path, field):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"dataset": "d", %s, "prompt_ids": [1, 2], "output_ids": [3]}\n' % field)
+    with pytest.raises(draftcore.InputError, match="bad.jsonl:1 is not a trace object"):
+        read_traces(path)
+
 def test_registry_lists_the_packaged_backends_and_names_them_in_errors():
     names = backends.backend_names()
     assert "hf" in names and "llamacpp" in names

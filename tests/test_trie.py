@@ -880,12 +880,18 @@ def test_load_refuses_options_the_file_holds(tmp_path):
     for name in ("capacity", "branch_length", "token_limit"):
         with pytest.raises(ConfigError, match=f"^{name}: .*from the file"):
             TrieDrafter.load(tmp_path / "t.npz", **{name: 64})
+    with pytest.raises(ConfigError, match="^foo: not an option of TrieDrafter"):
+        TrieDrafter.load(tmp_path / "t.npz", foo=3)
 
 
 def test_save_into_a_missing_folder_is_an_input_error(tmp_path):
     d, _, _ = _busy_drafter()
     with pytest.raises(InputError, match="path: .*not an existing folder"):
         d.save(tmp_path / "missing" / "t.npz")
+    for bad in (3, tmp_path):   # not a path; a folder (the temporary would go to its parent, the rename fail)
+        with pytest.raises(InputError, match="^path: expected the path of a file"):
+            d.save(bad)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_save_that_fails_midway_leaves_the_previous_file(tmp_path, monkeypatch):
@@ -1136,6 +1142,13 @@ def test_retrieval_settings_are_fixed_at_construction():
     (dict(layout="tree"), "layout"),
     (dict(token_limit=0), "token_limit"),
     (dict(token_limit=-5), "token_limit"),
+    # bool("False") is True: a string or a number for a switch is refused, not coerced
+    (dict(calibrate="False"), "calibrate"),
+    (dict(fill="no"), "fill"),
+    (dict(use_top=0), "use_top"),
+    (dict(learn_from_model="no"), "learn_from_model"),
+    (dict(insert_prompt=None), "insert_prompt"),
+    (dict(eliminate_prompt=1), "eliminate_prompt"),
 ])
 def test_bad_constructor_args_raise_config_error(kwargs, name):
     with pytest.raises(ConfigError) as info:

@@ -15,6 +15,8 @@ sharing its loaded weights.
 """
 from __future__ import annotations
 
+import ctypes
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -77,9 +79,11 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
     if n_threads is not None:
         params.n_threads = params.n_threads_batch = n_threads
     if type_k is not None:
-        params.type_k = type_k
+        params.type_k = check_kv_type(lib, "type_k", type_k)
     if type_v is not None:
-        params.type_v = type_v
+        params.type_v = check_kv_type(lib, "type_v", type_v)
+    if flash_attn is not None and not isinstance(flash_attn, bool):
+        raise ConfigError(f"flash_attn: expected True, False or None (llama.cpp's automatic choice), got {flash_attn!r}")
     if flash_attn is not None:
         params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -92,9 +96,38 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
     params.n_seq_max = min(n_seq_max, outputs)
     params.kv_unified = True
     params.embeddings = False
-    for name, value in (overrides or {}).items():
-        setattr(params, name, value)
+    set_fields(params, overrides or {})
     return params
+
+
+# The KV cache types llama.cpp offers (its --cache-type-k/-v choices); any other ggml type id aborts
+# the process or crashes it at context creation.
+KV_CACHE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "IQ4_NL", "Q5_0", "Q5_1")
+
+
+def check_kv_type(lib, name: str, value) -> int:
+    """`value` as one of llama.cpp's KV cache ggml types, or ConfigError naming `name`."""
+    allowed = {getattr(lib, "GGML_TYPE_" + t): t for t in KV_CACHE_TYPES if hasattr(lib, "GGML_TYPE_" + t)}
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) not in allowed:
+        choices = ", ".join(f"llama_cpp.GGML_TYPE_{t} ({v})" for v, t in sorted(allowed.items()))
+        raise ConfigError(f"{name}: expected a KV cache type, one of {choices}; got {value!r}")
+    return int(value)
+
+
+def set_fields(params, values: dict) -> None:
+    """Set ctypes struct fields by name; a value the field's C type cannot take is a ConfigError
+    (ctypes would raise a bare TypeError, or silently truncate a float)."""
+    types = dict((f[0], f[1]) for f in type(params)._fields_)
+    for name, value in values.items():
+        integral = types.get(name) is not None and issubclass(types[name], ctypes._SimpleCData) \
+            and types[name]._type_ in "bBhHiIlLqQ?"
+        try:
+            if integral and (isinstance(value, float) or (isinstance(value, bool) and types[name]._type_ != "?")):
+                raise TypeError("not an integer")
+            setattr(params, name, value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ConfigError(f"{name}: llama.cpp's field takes a {getattr(types.get(name), '__name__', '?')}, "
+                              f"got {value!r} ({exc})") from None
 
 
 def split_overrides(lib, kwargs: dict) -> tuple[dict, dict]:
@@ -115,12 +148,12 @@ def split_overrides(lib, kwargs: dict) -> tuple[dict, dict]:
 
 def load_model(lib, path, *, n_gpu_layers: int, overrides: dict):
     """Load a GGUF model; returns the llama_model pointer (free with llama_model_free)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"path: expected the path of a GGUF file (str or os.PathLike), got {path!r}")
     if not os.path.exists(path):
         raise ConfigError(f"path: no such GGUF file: {path}")
     params = lib.llama_model_default_params()
-    params.n_gpu_layers = n_gpu_layers
-    for name, value in overrides.items():
-        setattr(params, name, value)
+    set_fields(params, {"n_gpu_layers": n_gpu_layers, **overrides})
     lib.llama_backend_init()
     model = lib.llama_model_load_from_file(os.fsencode(path), params)
     if not model:

@@ -309,6 +309,8 @@ class LlamaCppVerifier:
 
     def encode(self, text: str, add_special: bool = True) -> np.ndarray:
         """int32 token ids of `text` (special tokens in the text are parsed as such)."""
+        if not isinstance(text, str):
+            raise InputError(f"text: expected a str, got {describe(text)}")
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self._lib.llama_token * n_max)()

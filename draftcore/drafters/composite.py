@@ -51,10 +51,11 @@ import threading
 
 import numpy as np
 
+from ..checks import check_observation
 from ..errors import ConfigError
 from ..jit import kernels
 from ..tree import DraftTree, score_bins_of
-from ..validate import positive_float, token_array
+from ..validate import flag, positive_float, token_array
 from .jacobi import JacobiDrafter
 from .ngram import NGramDrafter
 from .trie import TrieDrafter
@@ -73,7 +74,7 @@ class CompositeDrafter:
                  memory: float = 500.0, token_limit: int = 1 << 18, learn_from: str = "outcomes"):
         self.trie = TrieDrafter(token_limit=token_limit) if trie is _DEFAULT else trie
         self.ngram = NGramDrafter() if ngram is _DEFAULT else ngram
-        self.window = bool(window)
+        self.window = flag("window", window)
         self.jacobi = None if not self.window else JacobiDrafter() if jacobi is _DEFAULT else jacobi
         self.sources = [s for s in (self.trie, self.ngram, self.jacobi) if s is not None]
         if not self.sources:
@@ -226,6 +227,8 @@ class CompositeRequest:
                                        tokens)
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+        # checked before a kernel indexes with them, and before any source has learnt from them
+        node_tokens, path = check_observation(tree, node_tokens, path)
         m = tree.n_candidates   # the policy may have verified only the best m - 1 candidates
         if not self._from_outcomes and self._proposed is not None and 1 < m <= self._sources.shape[0]:
             source, score_bin, index = self._proposed

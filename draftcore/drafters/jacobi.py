@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_observation
 from ..errors import ConfigError, InputError
 from ..jit import kernels
 from ..tree import DraftTree
@@ -151,6 +152,7 @@ class JacobiRequest:
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """One Jacobi iteration from the model's tokens at the window nodes (when the window rode
         in this verify; a window the loop dropped leaves it as it was)."""
+        node_tokens, path = check_observation(tree, node_tokens, path)
         if self._ended or tree.n_lookahead != self._n_window or self._n_window == 0:
             return
         first = len(tree) - self._n_window

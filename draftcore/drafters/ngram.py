@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_observation
 from ..errors import ConfigError, InputError
 from ..jit import kernels
 from ..tree import DraftTree
-from ..validate import positive_int, token_array
+from ..validate import flag, positive_int, token_array
 
 _KERNELS = "draftcore.drafters.ngram_kernels"
 
@@ -54,7 +55,7 @@ class NGramDrafter:
         if self.rows % WAYS or n_sets & (n_sets - 1):
             raise ConfigError(f"rows: expected {WAYS} x a power of two (rows are grouped in sets of {WAYS}, a "
                               f"key's set chosen by masking its hash), got {rows}")
-        self.learn_from_model = bool(learn_from_model)
+        self.learn_from_model = flag("learn_from_model", learn_from_model)
 
     @classmethod
     def paper(cls, **options) -> "NGramDrafter":
@@ -121,6 +122,7 @@ class NGramRequest:
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """Count the model's token at each candidate off the accepted path (learn_from_model)."""
+        node_tokens, path = check_observation(tree, node_tokens, path)
         if not self._drafter.learn_from_model or self._ended:
             return
         m = tree.n_candidates

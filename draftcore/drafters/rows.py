@@ -107,8 +107,17 @@ class RowDrafter:
                 state = drafter._state = T.with_slots(state, wanted)
             self._slots = np.flatnonzero(~state.live)[:self.max_rows].astype(np.int64)
             state.live[self._slots] = True
-        self._table = K.new_table(self.max_rows, self.max_rows, self.max_len, self.max_draft, drafter.branch_length,
-                                  self._slots)
+        try:
+            self._table = K.new_table(self.max_rows, self.max_rows, self.max_len, self.max_draft,
+                                      drafter.branch_length, self._slots)
+        except BaseException as exc:   # give the slots back: a refused construction holds nothing
+            with drafter._lock:
+                drafter._state.live[self._slots] = False
+            if isinstance(exc, MemoryError):
+                raise ConfigError(f"max_len: a table of max_rows = {self.max_rows} rows of max_len = {self.max_len} "
+                                  f"tokens does not fit in memory; expected the longest sequence a row may hold"
+                                  ) from None
+            raise
         self._calibration = K.new_calibration()
         self._settings = K.RowSettings(max_draft=self.max_draft, tree_nodes=self.tree_nodes, token_cost=self.token_cost,
                                        row_cost=self.row_cost, keep=keep, token_limit=self.token_limit,

@@ -45,6 +45,7 @@ retrieval settings are read-only attributes. Defaults were tuned by replaying re
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import tempfile
 import threading
@@ -52,9 +53,10 @@ import weakref
 
 import numpy as np
 
+from ..checks import check_observation
 from ..errors import BusyError, ConfigError, InputError
 from ..tree import DraftTree
-from ..validate import positive_float, positive_int, token_array
+from ..validate import flag, positive_float, positive_int, token_array
 from ..jit import kernels
 
 LAYOUTS = ("hierarchical", "parallel", "single")
@@ -107,15 +109,16 @@ class TrieDrafter:
             prompt_weight=positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True),
             recent_weight=positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True),
             min_stage_nodes=positive_int("min_stage_nodes", min_stage_nodes),
-            fill=bool(fill), use_top=bool(use_top),
+            fill=flag("fill", fill), use_top=flag("use_top", use_top),
             mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL,
-            calibrated=bool(calibrate) and bool(fill) and layout != "single")
+            calibrated=flag("calibrate", calibrate) and bool(fill) and layout != "single")
         self.layout = layout
         self.token_limit = positive_int("token_limit", token_limit)
         self.max_requests = positive_int("max_requests", max_requests)
-        self.insert_prompt, self.insert_output = bool(insert_prompt), bool(insert_output)
-        self.eliminate_prompt = bool(eliminate_prompt)
-        self.learn_from_model = bool(learn_from_model)
+        self.insert_prompt = flag("insert_prompt", insert_prompt)
+        self.insert_output = flag("insert_output", insert_output)
+        self.eliminate_prompt = flag("eliminate_prompt", eliminate_prompt)
+        self.learn_from_model = flag("learn_from_model", learn_from_model)
         self.learn_context = positive_int("learn_context", learn_context)
         self.learn_capacity = positive_int("learn_capacity", learn_capacity)
         self._state = K.new_state(self.capacity, self.token_limit, min(_FIRST_SLOTS, self.max_requests))
@@ -205,6 +208,9 @@ class TrieDrafter:
         own counts are not saved; the calibration learnt so far is (a loaded trie ranks its
         candidates as this one does). The file is written at `path` exactly (no .npz suffix)."""
         K = self._K
+        if not isinstance(path, (str, os.PathLike)) or os.path.isdir(path):
+            raise InputError(f"path: expected the path of a file to write (str or os.PathLike, not a folder), "
+                             f"got {path!r}")
         folder = os.path.dirname(os.path.abspath(os.fspath(path)))
         if not os.path.isdir(folder):
             raise InputError(f"path: {str(path)!r} is in {folder!r}, which is not an existing folder")
@@ -224,6 +230,10 @@ class TrieDrafter:
         for the constructor, except capacity, branch_length and token_limit, which the file holds."""
         K = kernels(_KERNELS)
         fixed = sorted(set(options) & set(_FILE_OPTIONS))
+        unknown = sorted(set(options) - set(inspect.signature(cls.__init__).parameters))
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: not an option of TrieDrafter (load takes the constructor's options "
+                              f"except {', '.join(_FILE_OPTIONS)}); got {unknown[0]}={options[unknown[0]]!r}")
         if fixed:
             raise ConfigError(f"{fixed[0]}: TrieDrafter.load takes {', '.join(_FILE_OPTIONS)} from the file; "
                               f"got {fixed[0]}={options[fixed[0]]!r} as well (drop it)")
@@ -375,9 +385,11 @@ class TrieRequest:
         core = self._core
         if core.ended:
             self._refuse("observe")
+        # tokens at or beyond token_limit are the model's too: the kernels skip them (the trie cannot hold them)
+        node_tokens, path = check_observation(tree, node_tokens, path)
         if core.learnt is None or core.context is None:
             return
-        node_tokens, path = _model_tokens(tree, node_tokens, path, core.context)
+        _check_continues(tree, path, core.context)
         context, core.context = core.context, None
         m = tree.n_candidates
         if m <= 1:
@@ -469,25 +481,15 @@ class _RequestCore:
         return self.make_stream(self.tokens, self.n_counted, self.n_stream, self.n_prompt, self.count_from)
 
 
-def _model_tokens(tree: DraftTree, node_tokens, path, context: np.ndarray):
-    """observe()'s arguments checked: (node_tokens int32[n], path int32[k]), or InputError."""
-    if not isinstance(tree, DraftTree):
-        raise InputError(f"tree: expected the DraftTree verified, got {type(tree).__name__}")
-    n, m = len(tree), tree.n_candidates
-    if not (isinstance(node_tokens, np.ndarray) and node_tokens.dtype == np.int32):   # speculate's own: as they are
-        node_tokens = np.asarray(node_tokens)
-    if node_tokens.shape != (n,) or node_tokens.dtype.kind not in "iu":
-        raise InputError(f"node_tokens: expected int32[{n}] (the model's token at each node of the tree, -1 where "
-                         f"not evaluated), got {node_tokens.dtype}{list(node_tokens.shape)}")
-    if not (isinstance(path, np.ndarray) and path.dtype == np.int32):
-        path = np.asarray(path)
-    if path.ndim != 1 or path.dtype.kind not in "iu" or path.shape[0] == 0 or path[0] != 0 \
-            or int(path.max()) >= m or (path.shape[0] > 1 and int(path.min()) < 0):
+def _check_continues(tree: DraftTree, path: np.ndarray, context: np.ndarray) -> None:
+    """InputError unless the observed tree (checked) grew from `context`, the last propose's, and
+    its accepted path runs through candidates only."""
+    m = tree.n_candidates
+    if int(path.max()) >= m:
         raise InputError(f"path: expected root-first candidate indices (0 first, each below {m}), got {path.tolist()}")
     if int(tree.tokens[0]) != int(context[-1]):
         raise InputError(f"tree: its root token {int(tree.tokens[0])} is not the last token {int(context[-1])} "
                          f"of the context proposed for; observe the tree of the last propose")
-    return np.ascontiguousarray(node_tokens, np.int32), np.ascontiguousarray(path, np.int32)
 
 
 def _check_calibration(path, cal: np.ndarray, cap: float) -> None:

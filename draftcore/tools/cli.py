@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..drafters import DRAFTER_NAMES
@@ -205,7 +206,28 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", help="attention implementation, for backends that have a choice "
                                   "(hf: draftcore_sdpa, the default for SmolLM2; sdpa, the default for --model; eager)")
     p.add_argument("--device", help="default: the backend's (cpu)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=_at_least(1), default=128)
+
+
+def _at_least(minimum: int):
+    """An argparse type: an int >= minimum (a negative count would otherwise slice lists from the end)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _file_to_write(text: str) -> str:
+    """An argparse type: a file path whose folder exists, checked before a long run rather than after it."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text) or not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"expected a file path in an existing folder, got {text!r}")
+    return text
 
 
 def _budget(text: str):
@@ -225,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("replay", help="replay recorded (prompt, output) traces through the speculate loop, no model")
     p.add_argument("--traces", action="append", help="JSONL trace file, .gz allowed (repeatable)")
-    p.add_argument("--humaneval-canonical", type=int, default=0, metavar="N",
+    p.add_argument("--humaneval-canonical", type=_at_least(0), default=0, metavar="N",
                    help="also replay the first N HumanEval prompts with their canonical solutions")
     p.add_argument("--tokenizer", choices=["auto", "smollm2", "bytes"], default="auto",
                    help="tokenizer of --humaneval-canonical")
@@ -237,15 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost", default="hf-cpu", metavar="NAME|TABLE",
                    help="simulated verify cost: hf-cpu (default), hf-cpu-unpacked, llamacpp-cpu, llamacpp-cpu-old, gpu-flat, a table "
                         "'nodes:ms,nodes:ms,...', or none (real clock, no speedup)")
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--json", type=_file_to_write, help="write the results here")
     _add_trie_options(p)
     p.set_defaults(func=_replay_command)
 
     p = sub.add_parser("bench", help="plain vs peers vs draftcore on a real model, side by side")
     _add_model_options(p)
     p.add_argument("--datasets", default="humaneval,mtbench")
-    p.add_argument("--n", type=int, default=20, help="recorded prompts per dataset")
-    p.add_argument("--warmup", type=int, default=1, help="prompts per dataset run first and not recorded")
+    p.add_argument("--n", type=_at_least(1), default=20, help="recorded prompts per dataset")
+    p.add_argument("--warmup", type=_at_least(0), default=1, help="prompts per dataset run first and not recorded")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the whole prompt list this many times, each afresh; each (method, prompt) "
                         "reports its median-speed round (steadier ratios on a noisy machine)")
@@ -257,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("record", help="record plain greedy (prompt, output) traces as JSONL (.gz: compressed)")
     _add_model_options(p)
     p.add_argument("--dataset", default="humaneval")
-    p.add_argument("--n", type=int, default=40)
-    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=_at_least(1), default=40)
+    p.add_argument("--out", type=_file_to_write, required=True)
     p.set_defaults(func=_record_command)
     return parser
 

@@ -61,7 +61,9 @@ def _parse_trace(line: str, where: str) -> Trace:
         return Trace(str(obj["dataset"]), int(obj["idx"]),
                      token_array(f"{where} prompt_ids", obj["prompt_ids"]),
                      token_array(f"{where} output_ids", obj["output_ids"]))
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except InputError:
+        raise
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:   # "idx": "abc", NaN
         raise InputError(f"path: line {where} is not a trace object with dataset, idx, prompt_ids, "
                          f"output_ids: {exc!r}") from exc
 
