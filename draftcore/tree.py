@@ -38,6 +38,7 @@ import numpy as np
 
 from .errors import InputError, describe
 from .jit import kernels
+from .validate import positive_int
 
 
 @dataclass(eq=False, slots=True)
@@ -84,7 +85,8 @@ class DraftTree:
     @staticmethod
     def chain(root: int, draft) -> "DraftTree":
         """A single branch: root, draft[0], draft[1], ..."""
-        draft = np.asarray(draft, np.int32)
+        draft = _int32_vector("draft", draft)
+        root = _int32_vector("root", [root])[0]
         n = draft.shape[0] + 1
         tokens = np.empty(n, np.int32)
         tokens[0] = root
@@ -108,6 +110,8 @@ class DraftTree:
     def with_candidates(self, n_draft: int) -> "DraftTree":
         """The root, the first `n_draft` candidates and every lookahead node (renumbered): still a
         tree, since parents come first and no lookahead node hangs below a candidate."""
+        if isinstance(n_draft, bool) or not isinstance(n_draft, (int, np.integer)):
+            raise InputError(f"n_draft: expected an int (candidates to keep), got {describe(n_draft)}")
         m = 1 + max(0, min(n_draft, self.n_draft))
         n_cand = self.n_candidates
         if m == n_cand:
@@ -152,12 +156,15 @@ class DraftTree:
     def score_bins(self, n_bins: int, first: int = 0, stop: int | None = None) -> np.ndarray:
         """int64 bin (0 .. n_bins - 1) of nodes first..stop-1's scores, where calibrations count
         acceptance; a tree without scores is taken to halve its confidence at each depth."""
+        positive_int("n_bins", n_bins)
         scores = (self.scores[first:stop] if self.scores is not None
                   else 0.5 ** self.depths[first:stop].astype(np.float64))
         return score_bins_of(scores, n_bins)
 
     def path_tokens(self, node: int) -> np.ndarray:
         """int32[depth + 1]: the tokens from the root down to `node`, root first."""
+        if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or not 0 <= node < len(self):
+            raise InputError(f"node: expected a node index in [0, {len(self)}), got {describe(node)}")
         path = []
         while node >= 0:
             path.append(self.tokens[node])

@@ -220,7 +220,8 @@ def test_every_drafters_observe_refuses_malformed_arguments_and_changes_nothing(
         (dict(node_tokens=good_tokens[:1]), "node_tokens"),
         (dict(node_tokens=good_tokens.astype(np.float32)), "node_tokens"),
         (dict(node_tokens=np.r_[good_tokens[:-1], -2].astype(np.int32)), "node_tokens"),
-        (dict(node_tokens=np.r_[good_tokens[:-1].astype(np.int64), 2 ** 32 + 4]), "node_tokens"),   # int64 that would wrap to 4
+        # an int64 that a cast would wrap to 4
+        (dict(node_tokens=np.r_[good_tokens[:-1].astype(np.int64), 2 ** 32 + 4]), "node_tokens"),
         (dict(path=np.array([0, n], np.int32)), "path"),
         (dict(path=np.array([1], np.int32)), "path"),
         (dict(path=[]), "path"),
@@ -250,6 +251,23 @@ def test_draft_tree_build_refuses_values_a_cast_would_change(kwargs, argument):
         DraftTree.build(**kwargs)
     built = DraftTree.build(np.array([7, 3], np.uint32), np.array([-1, 0], np.int64), scores=[1, 0.5])
     assert built.tokens.tolist() == [7, 3] and built.scores.dtype == np.float32
+
+
+def test_draft_tree_helpers_refuse_bad_arguments_by_name():
+    tree = DraftTree.build([1, 2, 3], [-1, 0, 1], scores=[1.0, 0.5, 0.25])
+    for call, argument in ((lambda: DraftTree.chain("a", [1]), "root"),
+                           (lambda: DraftTree.chain(1, np.array([2 ** 32 + 1])), "draft"),   # would wrap to 1
+                           (lambda: tree.path_tokens(3), "node"),
+                           (lambda: tree.path_tokens(-1), "node"),
+                           (lambda: tree.with_candidates("1"), "n_draft")):
+        with pytest.raises(draftcore.InputError, match=f"^{argument}: "):
+            call()
+    with pytest.raises(ConfigError, match="^n_bins: "):
+        tree.score_bins(0)   # would have put every node in bin -1
+    with pytest.raises(ConfigError, match="^window_cost: "):
+        draftcore.CostAwareBudget(window_cost=np.array([0.1, 0.2]))
+    assert DraftTree.chain(np.int64(1), [2, 3]).tokens.tolist() == [1, 2, 3]
+    assert tree.path_tokens(2).tolist() == [1, 2, 3] and len(tree.with_candidates(1)) == 2
 
 # -- node roles ----------------------------------------------------------------------------------------
 @SETTINGS

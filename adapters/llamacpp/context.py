@@ -83,7 +83,8 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
     if type_v is not None:
         params.type_v = check_kv_type(lib, "type_v", type_v)
     if flash_attn is not None and not isinstance(flash_attn, bool):
-        raise ConfigError(f"flash_attn: expected True, False or None (llama.cpp's automatic choice), got {flash_attn!r}")
+        raise ConfigError(f"flash_attn: expected True, False or None (llama.cpp's automatic choice), "
+                          f"got {flash_attn!r}")
     if flash_attn is not None:
         params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -114,15 +115,17 @@ def check_kv_type(lib, name: str, value) -> int:
     return int(value)
 
 
+_INTEGER_FIELDS = (ctypes.c_int8, ctypes.c_uint8, ctypes.c_int16, ctypes.c_uint16, ctypes.c_int32, ctypes.c_uint32,
+                   ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint, ctypes.c_long, ctypes.c_ulong)
+
+
 def set_fields(params, values: dict) -> None:
     """Set ctypes struct fields by name; a value the field's C type cannot take is a ConfigError
     (ctypes would raise a bare TypeError, or silently truncate a float)."""
     types = dict((f[0], f[1]) for f in type(params)._fields_)
     for name, value in values.items():
-        integral = types.get(name) is not None and issubclass(types[name], ctypes._SimpleCData) \
-            and types[name]._type_ in "bBhHiIlLqQ?"
         try:
-            if integral and (isinstance(value, float) or (isinstance(value, bool) and types[name]._type_ != "?")):
+            if types.get(name) in _INTEGER_FIELDS and isinstance(value, (float, bool)):
                 raise TypeError("not an integer")
             setattr(params, name, value)
         except (TypeError, ValueError, OverflowError) as exc:

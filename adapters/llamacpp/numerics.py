@@ -18,7 +18,8 @@ llama-cpp-python 0.3.36; Q4_0, Q8_0 and Q4_K_M made with llama.cpp's quantizer):
     F32                             0.005 - 0.017                    0.040
 
 So the self-check sees repacked Q4_K_M (0.039 relative) and flash attention off on any quantized
-type (0.010 - 0.058), but not Q4_K_M without repacking, whose kernels change only from 6 tokens (exact up to 5).
+type (0.010 - 0.058), but not Q4_K_M without repacking, whose kernels change only from 6 tokens
+(exact up to 5).
 On 20 HumanEval prompts (128 new tokens, 2 threads) repacked Q4_K_M made 9 of 20 of draftcore's
 outputs, and 17 of 20 of llama-cpp-python's own prompt lookup, differ from plain greedy.
 
