@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import BackendError, ConfigError, describe
 from .jit import kernels
+from .validate import flag
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ class SamplingParams:
     logits_processors: tuple = ()
 
     def __post_init__(self):
-        if not isinstance(self.do_sample, (bool, np.bool_)):
-            raise ConfigError(f"do_sample: expected True or False, got {describe(self.do_sample)}")
+        flag("do_sample", self.do_sample)
         temperature = 1.0 if self.temperature is None else self.temperature  # transformers: None = 1.0
         object.__setattr__(self, "temperature", _number("temperature", temperature, 0.0, math.inf,
                                                         "a finite number >= 0 (0: greedy)"))

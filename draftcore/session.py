@@ -94,25 +94,31 @@ class Session:
     def speculate(self, prompt, **options):
         """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`."""
         from .speculate import speculate
-        return speculate(self.verifier, prompt, **self._own(options))
+        return speculate(self.verifier, prompt, **self._resolved(options))
 
     def stream(self, prompt, **options):
         """`draftcore.speculate_stream` with this session's drafter and budget."""
         from .speculate import speculate_stream
-        return speculate_stream(self.verifier, prompt, **self._own(options))
+        return speculate_stream(self.verifier, prompt, **self._resolved(options))
 
-    def _own(self, options: dict) -> dict:
-        """`options` with drafter None or a name, and budget None or "auto", resolved in this session
-        (passed on as they are, speculate would resolve them in the verifier's default session)."""
-        budget = options.get("budget")
+    def _resolved(self, options: dict) -> dict:
+        """`options` with drafter and budget resolved in this session (passed on as they are,
+        speculate would resolve None, names and "auto" in the verifier's default session)."""
+        drafter, budget = self.resolve(options.get("drafter"), options.get("budget"))
+        return {**options, "drafter": drafter, "budget": budget}
+
+    def resolve(self, drafter, budget):
+        """(drafter, budget policy) for a call: None means this session's drafter, a name its drafter
+        of that name (DRAFTER_NAMES), None or "auto" its budget; anything else is the call's own.
+        The budget is checked first, so a refused call leaves no new named drafter behind."""
         if budget is None or (isinstance(budget, str) and budget == "auto"):
             budget = self.budget
-        else:
-            as_budget_policy(budget)   # refused before a name below is learnt
-        drafter = options.get("drafter")
-        drafter = self.drafter if drafter is None else self.named_drafter(drafter) if isinstance(drafter, str) \
-            else drafter
-        return {**options, "drafter": drafter, "budget": budget}
+        budget = as_budget_policy(budget)
+        if drafter is None:
+            drafter = self.drafter
+        elif isinstance(drafter, str):
+            drafter = self.named_drafter(drafter)
+        return drafter, budget
 
     def reset(self) -> None:
         """Forget what was learnt: a fresh default drafter (unless one was given) and budget."""

@@ -222,14 +222,10 @@ def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=Non
         raise ConfigError(f"clock: expected a callable returning seconds, got {describe(clock)}")
     else:
         clock = _checked_clock(clock)
-    auto_budget = budget is None or (isinstance(budget, str) and budget == "auto")
-    policy = None if auto_budget else as_budget_policy(budget)   # refused before a session learns a name
-    if drafter is None or isinstance(drafter, str) or auto_budget:
-        session = Session.of(verifier)
-        drafter = session.drafter if drafter is None else session.named_drafter(drafter) if isinstance(
-            drafter, str) else drafter
-        if auto_budget:
-            policy = as_budget_policy(session.budget)
+    if drafter is None or isinstance(drafter, str) or budget is None or (isinstance(budget, str) and budget == "auto"):
+        drafter, policy = Session.of(verifier).resolve(drafter, budget)
+    else:
+        policy = as_budget_policy(budget)
     if isinstance(drafter, type):
         raise ConfigError(f"drafter: expected a drafter object, got the class {drafter.__name__}; pass an instance "
                           f"({drafter.__name__}(...)) or a name")

@@ -128,7 +128,9 @@ class CompositeRequest:
         self._drafter = drafter
         self._requests = requests
         self._jacobi = next((r for s, r in zip(drafter.sources, requests) if s is drafter.jacobi), None)
-        self._observers = [r.observe for r in requests if callable(getattr(r, "observe", None))]
+        # the package's own sources take the arguments as this request checked them; others check their own
+        self._observers = [getattr(r, "_observe_checked", None) or r.observe for r in requests
+                           if callable(getattr(r, "observe", None))]
         # sources asked for no window when proposing (the composite drops theirs anyway)
         self._windowless = [getattr(r, "lookahead_optional", False) is True for r in requests]
         # sources whose scores estimate acceptance (the trie): taken at their word, not re-calibrated
@@ -227,7 +229,7 @@ class CompositeRequest:
                                        tokens)
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
-        # checked before a kernel indexes with them, and before any source has learnt from them
+        # checked once, before a kernel indexes with them and before any source has learnt from them
         node_tokens, path = check_observation(tree, node_tokens, path)
         m = tree.n_candidates   # the policy may have verified only the best m - 1 candidates
         if not self._from_outcomes and self._proposed is not None and 1 < m <= self._sources.shape[0]:

@@ -152,7 +152,10 @@ class JacobiRequest:
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """One Jacobi iteration from the model's tokens at the window nodes (when the window rode
         in this verify; a window the loop dropped leaves it as it was)."""
-        node_tokens, path = check_observation(tree, node_tokens, path)
+        self._observe_checked(tree, *check_observation(tree, node_tokens, path))
+
+    def _observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+        """`observe` with the arguments `check_observation` returned (a composite checks once)."""
         if self._ended or tree.n_lookahead != self._n_window or self._n_window == 0:
             return
         first = len(tree) - self._n_window

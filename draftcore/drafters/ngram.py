@@ -122,7 +122,10 @@ class NGramRequest:
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """Count the model's token at each candidate off the accepted path (learn_from_model)."""
-        node_tokens, path = check_observation(tree, node_tokens, path)
+        self._observe_checked(tree, *check_observation(tree, node_tokens, path))
+
+    def _observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+        """`observe` with the arguments `check_observation` returned (a composite checks once)."""
         if not self._drafter.learn_from_model or self._ended:
             return
         m = tree.n_candidates

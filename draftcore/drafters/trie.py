@@ -382,11 +382,17 @@ class TrieRequest:
         """The model's token at each candidate of the verified `tree` off the accepted `path`
         continues that candidate's prefix: count it as this request's own (learn_from_model;
         trie_model_kernels). `tree` continues the context of the last propose; one observe each."""
+        if self._core.ended:
+            self._refuse("observe")
+        # tokens at or beyond token_limit are the model's too: the kernels skip them (the trie cannot hold them)
+        self._observe_checked(tree, *check_observation(tree, node_tokens, path))
+
+    def _observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+        """`observe` with the arguments `check_observation` returned (a composite checks once for all
+        its sources)."""
         core = self._core
         if core.ended:
             self._refuse("observe")
-        # tokens at or beyond token_limit are the model's too: the kernels skip them (the trie cannot hold them)
-        node_tokens, path = check_observation(tree, node_tokens, path)
         if core.learnt is None or core.context is None:
             return
         _check_continues(tree, path, core.context)
