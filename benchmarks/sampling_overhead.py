@@ -40,7 +40,7 @@ def main() -> None:
         rule.accept(tree, tokens, logits)
         times.append(time.perf_counter() - t0)
     ms = 1e3 * np.array(times)
-    print(f"{n}-node chain, vocab {vocab}: median {np.median(ms):.1f} ms, p90 {np.percentile(ms, 90):.1f} ms "
+    print(f"{n}-node chain, vocab {vocab}: median {np.median(ms):.3f} ms, p90 {np.percentile(ms, 90):.3f} ms "
           f"per step ({args.reps} reps)")
 
 

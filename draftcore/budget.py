@@ -35,7 +35,7 @@ import numpy as np
 from .errors import ConfigError, InputError
 from .jit import kernels
 from .tree import DraftTree
-from .validate import positive_float, positive_int
+from .validate import positive_float, positive_int, tree_size
 
 
 class FixedBudget:
@@ -44,7 +44,8 @@ class FixedBudget:
     concurrent_requests = True  # no state: any number of requests may share one
 
     def __init__(self, n: int):
-        self.n = positive_int("budget", n, minimum=0)
+        # Asked of the drafter every step: more than one verify can hold is refused (validate.max_tree_nodes).
+        self.n = tree_size("budget", n, minimum=0)
 
     def request_size(self) -> int:
         self._asked = False
@@ -153,7 +154,8 @@ class CostAwareBudget:
     0.99x / 1.05x); a flat GPU cost is unchanged (2.86x / 1.83x).
 
         parameter        default  meaning
-        max_nodes        64       most drafted candidates ever verified
+        max_nodes        64       most drafted candidates ever verified (at most what one verify can
+                                  hold on this machine: validate.max_tree_nodes)
         smoothing        0.2      weight of a new cost measurement in its size's average
         optimism         0.05     unmeasured size's guessed cost growth per node, relative to 1 node
         explore_every    16       steps before a neighbouring size is re-measured
@@ -215,7 +217,9 @@ class CostAwareBudget:
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
                  window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16, idle_skip: int = 3,
                  idle_cost: float = 0.02):
-        self.max_nodes = positive_int("max_nodes", max_nodes)
+        # Asked of the drafter every step, and its rank table is sized by it: a tree of more nodes than
+        # one verify can hold is refused (validate.max_tree_nodes), not allocated for.
+        self.max_nodes = tree_size("max_nodes", max_nodes, minimum=1)
         self.smoothing = positive_float("smoothing", smoothing)
         if self.smoothing > 1.0:
             raise ConfigError(f"smoothing: expected a number in (0, 1], got {smoothing}")

@@ -12,9 +12,9 @@ the same for all of them:
 
     rule              n_logits            first token                 a verified tree
     GreedyRule        0                   the prefill's argmax        greedy_accept(argmax per node)
-    ProcessedRule     the candidates      argmax or sample of the     greedy: process every candidate row for its
-                                          processed prefill row       node's prefix, greedy_accept; sampling: the
-                                                                      exact walk (acceptance.sample_step),
+    ProcessedRule     the candidates      argmax or keyed draw from   greedy: process every candidate row for its
+                                          the processed prefill row   node's prefix, greedy_accept; sampling: the
+                                                                      keyed walk (acceptance.sample_step),
                                                                       processing only the rows it reaches
 
 Lookahead nodes never need logits: acceptance does not walk them, and a drafter observes the
@@ -57,9 +57,11 @@ class SamplingParams:
                                      calls them once per drafted node with that node's own prefix,
                                      so a processor that keeps state between calls is not exact
 
-    A seed reproduces a run given the same verifier, drafter state and budget: the drafted trees
-    decide how many random draws a step uses. (With budget="auto" the tree sizes follow measured
-    timings, so fix the budget when runs must replay bit for bit.)
+    A seed replays a run: the token at each output position is drawn with that position's own
+    uniform (draftcore.acceptance), so the output depends on the seed, the model and these options
+    alone, not on the drafter, the budget or what either has learnt; budget=0 (no draft) gives the
+    same tokens. (As with greedy near-ties, a draw sits within the logits' rounding of a boundary
+    between two tokens with probability about that rounding, and may then move.)
     """
 
     do_sample: bool = True
@@ -123,12 +125,14 @@ class SamplingParams:
         """Greedy needs the logits too: something changes them before the argmax."""
         return self.penalised or bool(self.logits_processors)
 
-    def generator(self) -> tuple[np.random.Generator, int | None]:
-        """(the random generator of one request, the int seed that replays it, or None)."""
+    def key(self) -> tuple[np.uint64, int | None]:
+        """(the 64-bit key of one request's draws, the int seed that replays it, or None): from an
+        int seed through numpy's SeedSequence (nearby seeds give unrelated keys); from a Generator,
+        its next 64 random bits (so it advances); from None, fresh entropy, reported as the seed."""
         if isinstance(self.seed, np.random.Generator):
-            return self.seed, None
+            return np.uint64(self.seed.bit_generator.random_raw()), None
         seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
-        return np.random.default_rng(seed), int(seed)
+        return np.random.SeedSequence(seed).generate_state(1, np.uint64)[0], int(seed)
 
 
 FIELDS = tuple(f.name for f in fields(SamplingParams))
@@ -198,26 +202,30 @@ class GreedyRule:
 
 
 class ProcessedRule:
-    """Logits processed for every node's own prefix, then argmax (greedy with penalties) or exact
-    tree sampling (`acceptance.sample_step` from the root down) with the request's random generator."""
+    """Logits processed for every node's own prefix, then argmax (greedy with penalties) or the keyed
+    sampling walk (`acceptance.sample_step` from the root down; the token at output position t is
+    drawn with the uniform of position t under the request's key, so a seed replays the output
+    whatever was drafted)."""
 
     prefill_logits = 1
 
     def __init__(self, params: SamplingParams, vocab_size: int):
         processors = kernels("draftcore.processors")
         acceptance = kernels("draftcore.acceptance")
-        self._greedy_accept, self._sample_step = acceptance.greedy_accept, acceptance.sample_step
+        self._greedy_accept = acceptance.greedy_accept
+        self._sample_step, self._uniforms = acceptance.sample_step, acceptance.position_uniforms
         self.vocab_size = vocab_size
         self.sample = not params.is_greedy
         self.processor = processors.LogitsProcessor.from_params(params, vocab_size)
-        self.rng, self.seed = params.generator() if self.sample else (None, None)
-        self._left = np.empty(vocab_size, np.float64)  # sample_step's scratch
+        self.key, self.seed = params.key() if self.sample else (None, None)
+        self.n_generated = 0   # the output position the tree's root predicts
 
     def start(self, prompt: np.ndarray) -> None:
         self.processor.start(prompt)
 
     def update(self, tokens: np.ndarray) -> None:
         self.processor.update(tokens)
+        self.n_generated += tokens.shape[0]
 
     def n_logits(self, tree) -> int:
         return tree.n_candidates
@@ -226,22 +234,21 @@ class ProcessedRule:
         if not self.sample:
             return int(np.argmax(self.processor.process_next(logits[0])))
         p = self.processor.probs_node(logits[0], _ROOT, _ROOT_PARENT, 0)
-        _, token, _ = self._sample_step(_ROOT, _ROOT_PARENT, 1, 0, p, self.rng.random(1), 0, self._left)  # a leaf
-        return int(token)
+        return int(self._sample_step(_ROOT, _ROOT_PARENT, 1, 0, p, self._uniforms(self.key, 0, 1)[0])[1])
 
     def accept(self, tree, tokens, logits) -> tuple[np.ndarray, int]:
         n_walk = tree.n_candidates
         if not self.sample:
             z = self.processor.process_tree(logits, tree.tokens, tree.parents)
             return self._greedy_accept(tree.tokens, tree.parents, z.argmax(axis=1).astype(np.int32), n_walk)
-        # The exact walk, node by node: only the reached nodes are processed.
-        uniforms = self.rng.random(n_walk)
+        # The walk, node by node: only the reached nodes are processed. A path of depth d needs
+        # the uniforms of the next d + 1 positions.
+        uniforms = self._uniforms(self.key, self.n_generated, int(tree.depths[:n_walk].max()) + 1)
         path = [0]
-        i_draw = 0
         while True:
             p = self.processor.probs_node(logits, tree.tokens, tree.parents, path[-1])
-            child, token, i_draw = self._sample_step(tree.tokens, tree.parents, n_walk, path[-1], p, uniforms,
-                                                     i_draw, self._left)
+            child, token = self._sample_step(tree.tokens, tree.parents, n_walk, path[-1], p,
+                                             uniforms[len(path) - 1])
             if child < 0:
                 return np.array(path, np.int32), int(token)
             path.append(int(child))

@@ -1,4 +1,8 @@
 """Validation at the public boundary: check once here, trust inside."""
+import functools
+import math
+import os
+
 import numpy as np
 
 from .errors import ConfigError, InputError, describe
@@ -69,3 +73,56 @@ def positive_float(name: str, value, minimum: float = 0.0, inclusive: bool = Fal
         sign = ">=" if inclusive else ">"
         raise ConfigError(f"{name}: expected a finite number {sign} {minimum}, got {value}")
     return float(value)
+
+
+@functools.cache
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (os.sysconf), None where the OS does not say."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
+def fits_in_memory(nbytes: int, what: str, **options) -> None:
+    """Raise ConfigError, naming `options` (name=value, the arguments that size it), where `what`
+    would take `nbytes` bytes, more than this machine's physical memory. Such arrays cannot be
+    built: trying ends in a MemoryError after seconds of work or, where pages are only mapped as
+    they are touched (np.zeros), in a machine that swaps until it hangs long after construction."""
+    memory = physical_memory()
+    if memory is not None and nbytes > memory:
+        named = ", ".join(f"{name}={value}" for name, value in options.items())
+        raise ConfigError(f"{named}: {what} would take {nbytes:,} bytes, more than this machine's physical memory "
+                          f"({memory:,} bytes); expected a smaller value")
+
+
+@functools.cache
+def max_tree_nodes() -> int:
+    """The most nodes a draft tree may have on this machine. One verify builds the tree's n x n
+    ancestor mask (DraftTree.ancestor_mask: n^2 bytes; HF and ONNX widen it to an n x (n_past + n)
+    float mask, llama.cpp reads its leaves' sequence ids from it), so past isqrt(physical memory)
+    nodes that mask alone cannot be built and no backend can verify the tree in one step: a budget,
+    a window or a propose() asking for more is a mistake, refused before anything is allocated for
+    it. Where the OS does not say its memory: the int32 node ids' limit."""
+    memory = physical_memory()
+    return math.isqrt(memory) if memory is not None else _INT32_MAX
+
+
+def tree_size(name: str, value, minimum: int = 0) -> int:
+    """`value` (a number of draft-tree nodes) as an int in [minimum, max_tree_nodes()], or ConfigError."""
+    value = positive_int(name, value, minimum)
+    within_tree_limit(name, value, value)
+    return value
+
+
+def within_tree_limit(name: str, value, nodes: int) -> None:
+    """Raise ConfigError where `value` of the option `name` asks for trees of `nodes` nodes, more than
+    one verify can hold on this machine (max_tree_nodes)."""
+    limit = max_tree_nodes()
+    if nodes > limit:
+        memory = physical_memory()
+        why = (f"the tree's n x n ancestor mask alone would exceed this machine's physical memory ({memory:,} bytes)"
+               if memory is not None else "draft trees index their nodes with int32")
+        raise ConfigError(f"{name}: {value} asks for trees of {nodes:,} nodes; expected at most {limit:,}: past "
+                          f"that {why}, so no backend can verify such a tree in one step")

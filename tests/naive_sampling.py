@@ -2,8 +2,8 @@
 
     naive_process        one row of logits processed for an explicit prefix, written the way
                          transformers' processors are (full ascending sort and cumsum for top-p)
-    naive_sample_accept  tree sampling acceptance (naive_sample_step from the root down), plus
-                         planted wrong variants the tests must catch
+    naive_sample_accept  the keyed tree sampling walk (naive_sample_step from the root down),
+                         plus planted wrong variants the tests must catch
     exact_sequence_probs every length-L continuation's exact probability under plain sampling
     chi2_sf              chi-square survival function (scipy is not a dependency)
     goodness_of_fit      chi-square test of observed counts against exact probabilities
@@ -67,62 +67,53 @@ def naive_probs(z):
 
 
 # -- acceptance ------------------------------------------------------------------------------------------
-VARIANTS = ("exact", "no_removal", "unmodified_residual", "unnormalised")
+VARIANTS = ("exact", "child_coins", "mode_shortcut")
 
 
 def naive_sample_accept(tokens, parents, probs, uniforms, variant="exact"):
-    """Tree sampling acceptance with lists: naive_sample_step from the root down.
-
-    variant "exact": children in order, accept c with p(c) / mass left, remove a rejected child's
-    mass, draw the next token from what is left. The wrong ones, planted for the tests to catch:
-        "no_removal"           a rejected child's mass stays (accept each child with p(c), draw from p)
-        "unmodified_residual"  rejections renormalise the children, but the final draw is from all of p
-        "unnormalised"         a rejected child's mass is removed but later children are accepted with
-                               their original p(c), not renormalised
-    """
+    """The keyed sampling walk with lists: naive_sample_step from the root down, the node at depth d
+    drawing with uniforms[d] (the uniform of its output position)."""
     path = [0]
-    i_draw = 0
     while True:
-        child, token, i_draw = naive_sample_step(tokens, parents, len(tokens), path[-1], probs[path[-1]], uniforms,
-                                                 i_draw, None, variant)
+        child, token = naive_sample_step(tokens, parents, len(tokens), path[-1], probs[path[-1]],
+                                         uniforms[len(path) - 1], variant)
         if child < 0:
             return np.array(path, np.int32), token
         path.append(child)
 
 
-def naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left=None, variant="exact"):
-    """One node of the walk, with the signature of draftcore.acceptance.sample_step (`left` unused):
-    (accepted child, -1, i_draw) or (-1, drawn token, i_draw); children among nodes < n_walk."""
+def naive_sample_step(tokens, parents, n_walk, u, p, uniform, variant="exact"):
+    """One node of the walk, with the signature of draftcore.acceptance.sample_step: (the child of u
+    among nodes < n_walk holding the drawn token, or -1; the drawn token).
+
+    variant "exact": draw the token by inverse CDF of the normalised p at `uniform`, then look for a
+    child holding it. The wrong ones, planted for the tests to catch:
+        "child_coins"    each child c in order is accepted when uniform < p(c) (a coin per child from
+                         the same uniform), and only then is a token drawn
+        "mode_shortcut"  a first child holding p's most likely token is accepted outright, as greedy
+                         would; otherwise the exact draw
+    """
     p = [float(x) for x in p]
     total = sum(p)
     p = [x / total for x in p]
-    left = list(p)
-    mass = 1.0
-    for c in [c for c in range(u + 1, n_walk) if int(parents[c]) == u]:
-        r = uniforms[i_draw]
-        i_draw += 1
-        t = int(tokens[c])
-        if variant in ("exact", "unmodified_residual"):
-            accept = r * mass < left[t]
-        elif variant == "no_removal":
-            accept = r < p[t]
-        else:  # unnormalised
-            accept = r < left[t]
-        if accept:
-            return c, -1, i_draw
-        if variant != "no_removal":
-            mass -= left[t]
-            left[t] = 0.0
-    final = p if variant in ("no_removal", "unmodified_residual") else left
-    target = uniforms[i_draw] * sum(final)
-    i_draw += 1
-    acc = 0.0
-    for v, w in enumerate(final):
+    children = [c for c in range(u + 1, n_walk) if int(parents[c]) == u]
+    if variant == "child_coins":
+        for c in children:
+            if uniform < p[int(tokens[c])]:
+                return c, int(tokens[c])
+    if variant == "mode_shortcut" and children and int(tokens[children[0]]) == int(np.argmax(p)):
+        return children[0], int(tokens[children[0]])
+    token, acc = -1, 0.0
+    for v, w in enumerate(p):
         if w > 0:
             acc += w
-            if acc > target:
-                return -1, v, i_draw
-    return -1, int(np.argmax(p)), i_draw  # as the kernel: only reached by rounding
+            token = v
+            if acc > uniform:
+                break
+    for c in children:
+        if int(tokens[c]) == token:
+            return c, token
+    return -1, token
 
 
 # -- exact distribution ------------------------------------------------------------------------------------

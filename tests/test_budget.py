@@ -1,5 +1,6 @@
 """CostAwareBudget: learns a non-monotonic cost curve and the drafter's real acceptance, degrades to
 no draft when nothing is accepted. Driven through its three public methods with a synthetic clock."""
+import time
 from collections import Counter
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from draftcore import CostAwareBudget, DraftTree
 from draftcore.budget import FixedBudget, LookaheadProbe, _menu
 from draftcore.errors import ConfigError
+from draftcore.validate import max_tree_nodes
 
 # seconds per verify by tree size: 3 nodes cost more than 4 (as MKL's small matrix kernels do)
 COST = {1: 1.0, 2: 1.6, 3: 1.9, 4: 1.3, 5: 1.35, 6: 1.4, 8: 1.6, 12: 1.9, 16: 2.3, 24: 3.0, 32: 3.8,
@@ -146,6 +148,24 @@ def test_fixed_budget():
     assert FixedBudget(5).choose(chain(3, 0.5)) == 3
     with pytest.raises(ConfigError, match="budget"):
         FixedBudget(-1)
+
+
+@pytest.mark.parametrize("build, name", [(lambda n: CostAwareBudget(max_nodes=n), "max_nodes"),
+                                         (FixedBudget, "budget")], ids=["CostAwareBudget", "FixedBudget"])
+def test_a_budget_larger_than_one_verify_holds_is_refused_naming_the_limit(build, name):
+    """Past max_tree_nodes() a tree cannot be verified in one step on any backend (its ancestor mask
+    alone exceeds physical memory). CostAwareBudget(max_nodes=10**9) built rank tables for it (37 s;
+    168 MB at 10**7) and FixedBudget(10**12) asked every drafter for buffers of that size (a
+    MemoryError at the first propose); both are refused at once, naming the argument, the value and
+    the limit, which itself is accepted."""
+    limit = max_tree_nodes()
+    for n in (limit + 1, 10**9, 10**12):
+        start = time.perf_counter()
+        with pytest.raises(ConfigError, match=rf"^{name}: {n} asks for trees of [0-9,]+ nodes; expected at most "
+                                              rf"{limit:,}: .*physical memory"):
+            build(n)
+        assert time.perf_counter() - start < 1.0
+    build(limit)
 
 
 def test_auto_budget_is_kept_per_verifier_across_calls():

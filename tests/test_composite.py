@@ -156,8 +156,8 @@ def test_planted_wrong_acceptance_is_detected_with_composite_trees(monkeypatch, 
     """The same test fails a wrong acceptance rule walking the composite's trees."""
     from test_sampling import COMBOS, DETECT, exact
 
-    def planted(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
-        return naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left, variant)
+    def planted(tokens, parents, n_walk, u, p, uniform):
+        return naive_sample_step(tokens, parents, n_walk, u, p, uniform, variant)
 
     monkeypatch.setattr(draftcore.acceptance, "sample_step", planted)
     counts, _ = sampled_counts(SAMPLING_DRAFTERS["composite"], COMBOS["plain"], 3_000, seed0=77)
@@ -714,6 +714,20 @@ def test_a_window_narrower_than_its_levels_is_refused():
     with pytest.raises(ConfigError, match="^window: expected at least levels - 1 = 4"):
         JacobiDrafter(window=2, levels=5)
     JacobiDrafter(window=4, levels=5)  # the narrowest that harvests
+
+
+def test_a_budget_larger_than_one_verify_holds_is_refused_before_any_source_moves():
+    """propose(context, 10**12) reached the trie first, which sized buffers for it (a MemoryError);
+    the composite refuses it itself, before any source ingests the context, and then drafts as a
+    twin request that never saw the call."""
+    prompt, context = np.array(PATTERN * 3, np.int32), np.array(PATTERN * 4, np.int32)
+    request, twin = (CompositeDrafter(token_limit=VOCAB).start(prompt) for _ in range(2))
+    with pytest.raises(ConfigError, match="^budget: 1000000000000 asks for trees"):
+        request.propose(context, 10**12)
+    got, want = request.propose(context, 8), twin.propose(context, 8)
+    assert len(got) > 2 and got.tokens.tolist() == want.tokens.tolist()
+    assert got.parents.tolist() == want.parents.tolist()
+    request.finish(), twin.finish()
 
 
 def test_the_tries_scores_pass_through_the_composite_unchanged():

@@ -25,11 +25,17 @@ PROMPTS = [[0, 300, 301, 302, 303, 300, 301, 302, 303, 300, 301],
            [0, 5, 6, 7, 8, 9, 10, 5, 6]]
 
 
+# Past the tiny model's default 512 positions (and llama.cpp's default n_batch): a long request.
+LONG_PROMPT = [0] + np.random.default_rng(7).integers(2, 512, 599).tolist()
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(model, tokenizer): the tiny random Llama (vocab 512) with a word-level tokenizer."""
+    """(model, tokenizer): the tiny random Llama (vocab 512) with a word-level tokenizer, built with
+    room for 2,048 positions (the verifier's max_context follows max_position_embeddings; the
+    weights are those of the default 512)."""
     folder = tmp_path_factory.mktemp("tiny-generate")
-    model = save_tiny_llama(folder, seed=0, vocab_size=512)
+    model = save_tiny_llama(folder, seed=0, vocab_size=512, max_position=2048)
     yield model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
     release(model)
 
@@ -61,6 +67,19 @@ def test_greedy_equals_generate_and_drafts_are_accepted(tiny):
     finally:
         counter.handle.remove()
     assert counter.calls < 48   # the last call verified more than one token per forward
+
+
+def test_a_request_longer_than_the_fixed_sizes_equals_generate(tiny, small_context_buffer):
+    """A 600-token prompt, past the default 512 positions, and 120 new tokens, past the first size of
+    speculate's context buffer (made 16 here), which grows as tokens arrive: the output is
+    generate()'s own."""
+    model, _ = tiny
+    want = model.generate(ids(LONG_PROMPT), max_new_tokens=120, do_sample=False)
+    got = model.generate(ids(LONG_PROMPT), custom_generate=speculative_generate, max_new_tokens=120,
+                         do_sample=False)
+    assert want.shape[1] == len(LONG_PROMPT) + 120   # no early EOS: the request ran its whole length
+    assert torch.equal(got, want)
+    assert small_context_buffer   # the buffer grew past its first size
 
 
 def test_return_dict_eos_and_processors(tiny):
@@ -252,21 +271,36 @@ def sample_fit(model):
 
 def test_sampling_follows_plain_sampling(tiny):
     model, _ = tiny
-    runs = []
-    for seed in (7, 7, 8):
-        torch.manual_seed(seed)
-        runs.append(model.generate(ids(SAMPLE_PROMPT), custom_generate=speculative_generate, max_new_tokens=8,
-                                   do_sample=True, top_k=3, drafter=TrieDrafter(), budget=4))
-    # torch.manual_seed replays a call (given the same drafter state and budget: the trees decide
-    # how many random draws a step takes), and another seed gives another sample
-    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
     p, stat, df = sample_fit(model)
     assert p > 1e-3, (p, stat, df)
 
 
+def test_torch_manual_seed_replays_a_sampled_call(tiny):
+    """torch.manual_seed replays a drop-in call as it replays plain generate(): the same seed gives
+    the same tokens over repeated calls with the model's default (learning) drafter and auto budget,
+    and with budget=0; another seed gives another sample."""
+    model, _ = tiny
+    prompt = ids(SAMPLE_PROMPT * 4)
+    options = dict(custom_generate=speculative_generate, max_new_tokens=40, do_sample=True, top_k=20, top_p=0.9,
+                   temperature=0.8)
+
+    def run(seed, **extra):
+        torch.manual_seed(seed)
+        return model.generate(prompt, **options, **extra)
+
+    try:
+        first = run(123)
+        for _ in range(3):
+            assert torch.equal(run(123), first)
+        assert torch.equal(run(123, budget=0), first) and torch.equal(run(123, budget=8), first)
+        assert not torch.equal(run(124), first)
+    finally:
+        release(model)
+
+
 def test_a_planted_wrong_rule_is_caught(tiny, monkeypatch):
-    def planted(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
-        return naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left, "no_removal")
+    def planted(tokens, parents, n_walk, u, p, uniform):
+        return naive_sample_step(tokens, parents, n_walk, u, p, uniform, "child_coins")
 
     monkeypatch.setattr(draftcore.acceptance, "sample_step", planted)
     p, stat, df = sample_fit(tiny[0])

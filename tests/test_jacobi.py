@@ -254,6 +254,18 @@ def test_bad_constructor_args_raise_config_error_naming_the_argument(kwargs, nam
     assert str(info.value).startswith(name), str(info.value)
 
 
+def test_a_window_or_pool_beyond_what_a_verify_or_memory_holds_is_refused():
+    """JacobiDrafter(window=10**9) was accepted and would put 2 * 10**9 lookahead nodes in every verify
+    (its first start() drew 10**9 tokens); pool_rows=2**40 built a pool of petabytes at every start().
+    Refused at construction, naming the limit."""
+    with pytest.raises(ConfigError, match=r"^window: 1000000000 asks for trees of 2,000,000,000 nodes; expected "
+                                          r"at most [0-9,]+"):
+        JacobiDrafter(window=10**9)
+    with pytest.raises(ConfigError, match=r"^pool_rows=1099511627776, pool_size=8, levels=3: each request's n-gram "
+                                          r"pool would take [0-9,]+ bytes, more than this machine's physical memory"):
+        JacobiDrafter(pool_rows=2**40)
+
+
 def test_paper_configuration():
     d = JacobiDrafter.paper()
     assert (d.window, d.levels, d.pool_size, d.window_nodes) == (15, 5, 15, 60)
@@ -265,6 +277,8 @@ def test_bad_calls_raise_and_calls_after_finish_raise():
     window = request.window.copy()
     with pytest.raises(ConfigError, match="budget"):  # as TrieRequest.propose
         request.propose(prompt, -1)
+    with pytest.raises(ConfigError, match="^budget: 1000000000000 asks for trees"):   # more than a verify holds
+        request.propose(prompt, 10**12)
     with pytest.raises(InputError, match="context"):
         request.propose(np.array([], np.int32), 4)
     with pytest.raises(InputError, match="prompt"):

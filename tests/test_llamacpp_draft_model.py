@@ -1,18 +1,24 @@
 """`Llama(draft_model=DraftcoreDraftModel())`: llama-cpp-python's own calls, unchanged, with
 draftcore drafting. Greedy completions (plain, streamed, chat) equal the same Llama settings without
-a draft model, on the tiny F32 GGUF (exact) and, slow, on SmolLM2 in F32; drafts are accepted."""
+a draft model, on the tiny F32 GGUF (exact) and, slow, on SmolLM2 in F32; drafts are accepted.
+Past n_batch positions through `speculative_llama` (logits_all=True); a Llama without it is refused by
+name; quantized batches that differ from one-token decoding are warned about once."""
+import warnings
+
 import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from draftcore import BusyError, ConfigError, TrieDrafter  # noqa: E402
-from draftcore.adapters.llamacpp import DraftcoreDraftModel  # noqa: E402
-from draftcore.adapters.llamacpp.draft_model import best_chain  # noqa: E402
+from draftcore import BusyError, ConfigError, DraftcoreError, TrieDrafter  # noqa: E402
+from draftcore.adapters.llamacpp import DraftcoreDraftModel, InexactBatchWarning, speculative_llama  # noqa: E402
+from draftcore.adapters.llamacpp.draft_model import MAX_DRAFT_TOKENS, best_chain  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
 
 F32 = llama_cpp.GGML_TYPE_F32
-EXACT = dict(n_threads=1, type_k=F32, type_v=F32, flash_attn=False, verbose=False, seed=0)
+# One thread for batches too (llama-cpp-python's n_threads_batch defaults to every core): on a loaded
+# 2-core machine two threads made a 300-token speculative completion take 22 s instead of 0.1 s.
+EXACT = dict(n_threads=1, n_threads_batch=1, type_k=F32, type_v=F32, flash_attn=False, verbose=False, seed=0)
 PROMPTS = [[1, 300, 301, 302, 303, 300, 301, 302, 303, 300, 301],
            [1, 17, 42, 99, 17, 42, 99, 17, 42],
            [1, 260, 261, 262, 263, 264, 260, 261]]
@@ -28,8 +34,8 @@ def tiny_gguf(tmp_path_factory):
     return str(path)
 
 
-def completion(llm, prompt, **options):
-    out = llm.create_completion(prompt, max_tokens=48, temperature=0.0, **options)
+def completion(llm, prompt, max_tokens=48, **options):
+    out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, **options)
     choice = out["choices"][0]
     return choice["text"], choice["finish_reason"], out["usage"]
 
@@ -98,6 +104,107 @@ def test_a_new_context_starts_a_new_request():
     assert draft_model._context.tolist() == other.tolist() and draft_model.steps == 3
 
 
+# -- conversations longer than n_batch (512) ----------------------------------------------------------------
+LONG_PROMPT = PROMPTS[0] * 30   # 330 tokens: prompt + 300 new ones pass n_batch=512 during generation
+STREAM_PROMPT = PROMPTS[0] * 44  # 484 tokens: with 100 streamed ones, past n_batch
+
+
+@pytest.fixture(scope="module")
+def plain_1024(tiny_gguf):
+    return llama_cpp.Llama(tiny_gguf, n_ctx=1024, **EXACT)
+
+
+def test_speculative_llama_equals_plain_past_n_batch(tiny_gguf, plain_1024):
+    """Completion, streaming and a two-turn chat whose positions pass n_batch: with logits_all=True
+    (speculative_llama passes it) llama-cpp-python's logits buffer holds n_ctx rows. On the F32 tiny
+    GGUF batches are exact: the construction self-check warns about nothing."""
+    draft_model = DraftcoreDraftModel(budget=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InexactBatchWarning)
+        spec = speculative_llama(tiny_gguf, n_ctx=1024, draft_model=draft_model, **EXACT)
+        assert isinstance(spec, llama_cpp.Llama) and spec.draft_model is draft_model
+        assert draft_model.self_check_error is not None                 # checked at construction
+        want = completion(plain_1024, LONG_PROMPT, max_tokens=300)
+        assert want[2]["total_tokens"] > 600 and completion(spec, LONG_PROMPT, max_tokens=300) == want
+        # streamed: a longer prompt and fewer new tokens (llama-cpp-python streams 300 tokens in 3 s)
+        text, _, usage = completion(plain_1024, STREAM_PROMPT, max_tokens=100)
+        streamed = spec.create_completion(STREAM_PROMPT, max_tokens=100, temperature=0.0, stream=True)
+        assert usage["total_tokens"] > 550 and "".join(c["choices"][0]["text"] for c in streamed) == text
+        messages = [{"role": "user", "content": "abcd efgh " * 25}]
+        for turn in range(2):   # ~500 positions after the first turn, ~980 after the second
+            want = plain_1024.create_chat_completion(messages=messages, max_tokens=120, temperature=0.0)
+            got = spec.create_chat_completion(messages=messages, max_tokens=120, temperature=0.0)
+            assert got["choices"][0] == want["choices"][0] and got["usage"] == want["usage"]
+            messages += [want["choices"][0]["message"], {"role": "user", "content": "ijkl mnop " * 10}]
+        assert want["usage"]["total_tokens"] > 900
+    assert draft_model.accepted_tokens > 0
+    assert isinstance(speculative_llama(tiny_gguf, n_ctx=256, **EXACT).draft_model, DraftcoreDraftModel)
+
+
+def test_a_llama_without_logits_all_is_refused_by_name(tiny_gguf):
+    """Llama(draft_model=...) without logits_all=True sizes its logits buffer for n_batch positions:
+    past them llama-cpp-python failed with a numpy broadcast ValueError. The first draft-model call
+    raises a ConfigError naming the argument instead, whatever the prompt's length, and drafts
+    nothing; speculative_llama refuses logits_all=False."""
+    draft_model = DraftcoreDraftModel(budget=8)
+    spec = llama_cpp.Llama(tiny_gguf, n_ctx=1024, draft_model=draft_model, **EXACT)
+    for prompt in (LONG_PROMPT, PROMPTS[1]):
+        with pytest.raises(ConfigError, match=r"logits_all: .*logits_all=False.*Expected logits_all=True"):
+            completion(spec, prompt, max_tokens=300)
+    assert draft_model.steps == 0
+    with pytest.raises(ConfigError, match="logits_all: expected True"):
+        speculative_llama(tiny_gguf, n_ctx=1024, logits_all=False, **EXACT)
+    with pytest.raises(ConfigError, match="draft_model: expected"):
+        speculative_llama(tiny_gguf, draft_model=42, **EXACT)
+    with pytest.raises(ConfigError, match="llm: expected a llama_cpp.Llama"):
+        draft_model.check_llama(42)
+
+
+def test_max_draft_tokens_is_bounded_by_one_batch():
+    """A chain longer than n_batch - 1 (511 by default) cannot be verified in one forward; 10**9 used
+    to be accepted and took 37 s to build its budget."""
+    assert MAX_DRAFT_TOKENS == 511
+    assert DraftcoreDraftModel(max_draft_tokens=511).max_draft_tokens == 511
+    for n in (512, 10**9):
+        with pytest.raises(ConfigError, match=f"max_draft_tokens: expected at most 511 .*n_batch.*got {n}"):
+            DraftcoreDraftModel(max_draft_tokens=n)
+
+
+@pytest.fixture(scope="module")
+def packaged_gguf():
+    bench = pytest.importorskip("draftcore.adapters.llamacpp.bench")
+    try:
+        return bench.default_gguf()
+    except DraftcoreError as exc:
+        pytest.skip(str(exc))
+
+
+def test_inexact_batches_are_warned_about_once(packaged_gguf):
+    """SmolLM2 Q4_1 with flash attention off: multi-token batches differ from one-token decoding
+    (the self-check measures 0.016 relative), so the drop-in's greedy text can differ from plain.
+    The first call warns once, naming flash_attn=True, at the user's line; speculative_llama warns
+    at construction instead. Flash attention on: bit-exact, no warning."""
+    from draftcore.adapters.llamacpp.numerics import NEAR_TIE_ONLY
+    settings = dict(n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False)
+    draft_model = DraftcoreDraftModel(budget=4)
+    llm = llama_cpp.Llama(packaged_gguf, flash_attn=False, draft_model=draft_model, **settings)
+    with pytest.warns(InexactBatchWarning, match="DraftcoreDraftModel: .*flash_attn=True") as caught:
+        for prompt in ("def add(a, b):", "def add(a, b):", "Hello"):
+            llm.create_completion(prompt, max_tokens=8, temperature=0.0)
+    assert [w.category for w in caught] == [InexactBatchWarning]   # once, over three calls
+    assert caught[0].filename == __file__
+    assert draft_model.self_check_error > NEAR_TIE_ONLY and draft_model.steps > 0
+    with pytest.warns(InexactBatchWarning, match="flash_attn=True") as caught:
+        llm = speculative_llama(packaged_gguf, flash_attn=False, **settings)
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InexactBatchWarning)
+        llm.create_completion("def add(a, b):", max_tokens=8, temperature=0.0)   # checked already
+        exact = speculative_llama(packaged_gguf, flash_attn=True, **settings)
+        exact.create_completion("def add(a, b):", max_tokens=8, temperature=0.0)
+    assert exact.draft_model.self_check_error == 0.0
+
+
 # -- SmolLM2 F32: real text, chat completion --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_f32_gguf(smollm2, tmp_path_factory):
@@ -113,8 +220,9 @@ def test_smollm2_f32_completions_and_chat_equal_plain(smollm2_f32_gguf):
     plain = llama_cpp.Llama(smollm2_f32_gguf, **settings)
     # A fixed budget, so that drafts are verified whatever the machine's load (the auto budget's
     # sizes follow measured step times; the tiny-model test covers the default's equality).
+    # logits_all=True: n_ctx exceeds n_batch (test_a_llama_without_logits_all_is_refused_by_name).
     draft_model = DraftcoreDraftModel(budget=4)
-    spec = llama_cpp.Llama(smollm2_f32_gguf, draft_model=draft_model, **settings)
+    spec = llama_cpp.Llama(smollm2_f32_gguf, draft_model=draft_model, logits_all=True, **settings)
     prompts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
                "def is_palindrome(s: str) -> bool:\n"]
     for prompt in prompts + prompts:

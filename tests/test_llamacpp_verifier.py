@@ -168,7 +168,7 @@ def test_numba_loaded_first_is_warned_about_on_gpu_builds():
 def test_fixtures_are_not_part_of_the_adapter():
     import draftcore.adapters.llamacpp as adapter
     assert sorted(adapter.__all__) == ["ChainOnlyWarning", "DraftcoreDraftModel", "InexactBatchWarning",
-                                     "LlamaCppVerifier"]
+                                     "LlamaCppVerifier", "speculative_llama"]
     assert not hasattr(adapter, "write_llama_gguf") and not hasattr(adapter, "write_tiny_llama_gguf")
 
 
@@ -593,6 +593,17 @@ def test_bad_inputs_raise_draftcore_errors(tiny, verifier):
     assert issubclass(InputError, DraftcoreError) and issubclass(ConfigError, DraftcoreError)
 
 
+def test_integer_settings_a_field_cannot_hold_are_refused_not_wrapped(tiny):
+    """ctypes wraps an integer outside a field's C type silently: from_gguf(n_ctx=2**32 + 512) built a
+    context of 512 cells, n_threads=2**32 + 1 ran one thread. Refused, naming the field, the value and
+    the range of its C type."""
+    for name, value in (("n_ctx", 2**32 + 512), ("n_batch", 2**32 + 64), ("n_threads", 2**32 + 1),
+                        ("n_ubatch", 2**32 + 16), ("n_gpu_layers", 2**31)):
+        with pytest.raises(ConfigError, match=rf"^{name}: llama.cpp's field takes a c_u?int, got {value} "
+                                              rf"\(outside \[-?[0-9]+, [0-9]+\]\)"):
+            LlamaCppVerifier.from_gguf(tiny[0], **{"n_ctx": 64, "n_threads": 1, name: value})
+
+
 # ---------------------------------------------------------------- tree walks and batch tags (pure numpy)
 
 def test_branch_heads_visit_every_node_once():
@@ -656,6 +667,53 @@ def test_speculate_never_drafts_more_leaves_than_one_verify_takes(tiny):
         want, gaps = plain_greedy(small, PROMPTS[0], 24)
         assert_same_greedy(result.tokens.tolist(), want, gaps, f"budget {budget}")
     small.close()
+
+
+@pytest.fixture(scope="module")
+def long_gguf(tmp_path_factory):
+    """The fixture's model written with room for 2,048 positions (the same weights: only the GGUF's
+    context length, llama.cpp's n_ctx_train, differs)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("torch")
+    from gguf_writer import write_tiny_llama_gguf
+    path = tmp_path_factory.mktemp("gguf-long") / "tiny-2048.gguf"
+    write_tiny_llama_gguf(path, seed=0, vocab_size=VOCAB, max_position=2048)
+    return path
+
+
+# 700 tokens that repeat a 40-token block: drafts get accepted from the first steps.
+LONG_PROMPT = np.r_[1, np.tile(np.random.default_rng(3).integers(3, VOCAB, 40), 18)[:699]].astype(np.int32)
+
+
+@pytest.mark.parametrize("context", ["tree", "tree, small batches", "stock Llama, small batches"])
+def test_a_request_longer_than_the_batch_sizes_equals_plain_greedy(long_gguf, context, small_context_buffer):
+    """llama-cpp-python's drop-in crashed once a conversation passed n_batch positions; this one goes
+    past every fixed size at once: a 700-token prompt, past the default n_batch of 512 (prefilled in
+    chunks), then new tokens up to the context's last cell (n_ctx 1,024) and past the first size of
+    speculate's buffer (made 16 here). With n_batch 64 and n_ubatch 16 the prefill takes 11 batches
+    and a tree of up to 41 nodes spans three ubatches; a stock Llama (one sequence) verifies it
+    branch by branch. Each equals its own plain greedy decoding."""
+    import draftcore
+    small = dict(n_batch=64, n_ubatch=16)
+    if context == "tree":
+        v = LlamaCppVerifier.from_gguf(long_gguf, n_ctx=1024, **EXACT)
+    elif context == "tree, small batches":
+        v = LlamaCppVerifier.from_gguf(long_gguf, n_ctx=1024, **small, **EXACT)
+    else:
+        llm = llama_cpp.Llama(str(long_gguf), n_ctx=1024, n_threads=1, n_threads_batch=1, type_k=F32, type_v=F32,
+                              verbose=False, **small)
+        v = LlamaCppVerifier.from_llama(llm)
+    n_batch = 512 if context == "tree" else 64
+    assert v.max_context == 1024 and v.limits.n_batch == n_batch < LONG_PROMPT.shape[0]
+    n_new = v.max_context - LONG_PROMPT.shape[0]
+    want, gaps = plain_greedy(v, LONG_PROMPT, n_new)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChainOnlyWarning)
+        result = draftcore.speculate(v, LONG_PROMPT, max_new_tokens=n_new, budget=40)
+    assert_same_greedy(result.tokens.tolist(), want, gaps, context)
+    assert_committed_only(v, v.max_context - 1)
+    assert result.stats.tokens_per_step > 1.5 and max(result.stats.budget_hist) > 16 and small_context_buffer
+    v.close()
 
 
 # ---------------------------------------------------------------- the real model, F32 (slow: ~20 s)
@@ -869,12 +927,12 @@ def test_wrap_llamacpp_example(tiny):
 
 # ---------------------------------------------------------------- sampling on the fixture
 
-@pytest.mark.parametrize("variant", ["exact", "no_removal"])
+@pytest.mark.parametrize("variant", ["exact", "child_coins"])
 def test_speculative_sampling_matches_the_exact_distribution(verifier, reference, monkeypatch, variant):
     """Speculative sampling through llama.cpp (verify(tree, n_logits) with the candidates' logits,
     trie-drafted trees) against the exact distribution of the first 3 new tokens, enumerated from
     one-token forwards of the reference context with the same processors (T=0.8, top-k 3: 27
-    sequences). Chi-square, fixed seeds. The planted variant (a rejected child's mass not removed)
+    sequences). Chi-square, fixed seeds. The planted variant (a coin per child from the same uniform)
     must fail the same test."""
     import draftcore
     import draftcore.jit
@@ -884,8 +942,8 @@ def test_speculative_sampling_matches_the_exact_distribution(verifier, reference
     if variant != "exact":
         acceptance = draftcore.jit.kernels("draftcore.acceptance")  # warmed up before it is patched
 
-        def planted(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
-            return naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left, variant)
+        def planted(tokens, parents, n_walk, u, p, uniform):
+            return naive_sample_step(tokens, parents, n_walk, u, p, uniform, variant)
 
         monkeypatch.setattr(acceptance, "sample_step", planted)
 

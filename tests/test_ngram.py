@@ -7,6 +7,8 @@ every draft — a chain (branching 1) or a tree (branching 2-4) — must be the 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -295,6 +297,17 @@ def test_bad_constructor_args_raise_config_error_naming_the_argument(kwargs, nam
     assert str(info.value).startswith(name), str(info.value)
 
 
+@pytest.mark.parametrize("kwargs, named", [(dict(rows=2**40), "rows=1099511627776, max_n=5, choices=4"),
+                                           (dict(max_n=10**6), "rows=8192, max_n=1000000, choices=4")])
+def test_tables_beyond_physical_memory_are_refused_at_construction(kwargs, named):
+    """NGramDrafter(rows=2**40) (or a max_n whose keys grow as its square) was accepted, and every
+    start() then built tables of petabytes: a MemoryError, or a machine that swaps. Refused at
+    construction, naming the arguments that size the tables, the bytes and this machine's memory."""
+    with pytest.raises(ConfigError, match=re.escape(named) + ": each request's n-gram tables would take [0-9,]+ "
+                                                            "bytes, more than this machine's physical memory"):
+        NGramDrafter(**kwargs)
+
+
 def test_good_edge_configs_are_accepted():
     for kwargs in (dict(rows=4), dict(rows=8), dict(max_n=2), dict(branching=4, choices=4)):
         NGramDrafter(**kwargs)
@@ -305,10 +318,13 @@ def test_bad_calls_raise_and_change_no_state():
     request = NGramDrafter().start(prompt)
     context = np.r_[prompt, 3, 1, 2].astype(np.int32)
     before = ngram_tables_rows(request._tables)
-    # budget: a ConfigError naming it, as TrieRequest.propose raises (tests/test_trie.py)
-    for budget in (-1, 2.5, "4", None):
+    # budget: a ConfigError naming it, as TrieRequest.propose raises (tests/test_trie.py); 10**12, more
+    # than one verify holds, sized buffers for it after ingesting the context (a MemoryError)
+    for budget in (-1, 2.5, "4", None, 10**12):
         with pytest.raises(ConfigError, match="budget"):
             request.propose(context, budget)
+    with pytest.raises(ConfigError, match="^budget: 1000000000000 asks for trees"):
+        NGramDrafter().propose(context, 10**12)
     for bad in (np.array([], np.int32), np.array([1.0, 2.0]), np.array([[1, 2]], np.int32), [1, -2],
                 prompt[:3]):  # the last: fewer tokens than the request has seen
         with pytest.raises(InputError, match="context"):

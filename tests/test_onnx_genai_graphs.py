@@ -65,6 +65,26 @@ def test_the_buffer_grows_past_its_first_size_keeping_its_rows(folders):
                                                        prompt, 120))
 
 
+@pytest.mark.parametrize("build", ["genai", "tree"])
+def test_speculation_past_the_buffers_first_size_to_max_context_equals_plain_greedy(folders, build,
+                                                                                    small_context_buffer):
+    """A 300-token prompt makes the shared buffer's first allocation 364 rows (kv.SharedCache); 212
+    new tokens grow it, up to max_context (512), where it stops, and fill the context to its last
+    cell (speculate's own buffer, made 16 here, grows too). The rewired tree build, whose presents
+    are new each run, runs the same request. Both equal the copying path's plain greedy."""
+    _, genai, tree = folders
+    block = np.random.default_rng(3).integers(2, 512, 37)
+    prompt = np.r_[1, np.tile(block, 10)[:299]].astype(np.int32)
+    verifier = OrtVerifier(genai if build == "genai" else tree, providers=CPU)
+    n_new = verifier.max_context - prompt.shape[0]
+    want = plain_greedy(OrtVerifier(genai, providers=CPU, share_buffer=False), prompt, n_new)
+    result = draftcore.speculate(verifier, prompt, max_new_tokens=n_new, budget=8)
+    np.testing.assert_array_equal(result.tokens, want)
+    assert result.stats.tokens_per_step > 1.0 and small_context_buffer
+    if build == "genai":
+        assert verifier.shares_buffer and verifier._shared.capacity == verifier.max_context == 512
+
+
 def test_the_self_check_catches_layers_that_share_one_buffer(folders, monkeypatch):
     """Planted fault: every layer's buffer is the same memory (what wrapping one numpy array in
     every OrtValue does on the CPU EP). The construction check must refuse it."""

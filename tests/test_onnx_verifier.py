@@ -23,7 +23,9 @@ PROMPTS = [[1, 200, 201, 202, 203, 200, 201, 202], [1, 17, 42, 99, 17, 42], [1] 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(seed=0)
+    """The tiny random Llama with room for 2,048 positions (the export records max_position_embeddings
+    as its max_context; the weights are those of the default 512)."""
+    return tiny_llama(seed=0, max_position=2048)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,16 @@ def test_speculative_greedy_equals_ort_plain_greedy(verifier, drafter):
                                      budget=16)
         assert np.array_equal(result.tokens, want), (drafter, prompt)
     assert result.stats.tokens_per_step > 1.0
+
+
+def test_a_request_longer_than_the_fixed_sizes_equals_ort_plain_greedy(verifier, small_context_buffer):
+    """A 700-token prompt, past the default 512 positions, in one run, and 150 new tokens past the
+    first size of speculate's context buffer (made 16 here): the output is ORT's own plain greedy."""
+    prompt = np.r_[1, np.random.default_rng(3).integers(2, 256, 699)].astype(np.int32)
+    want = plain_greedy(verifier, prompt, 150)
+    result = draftcore.speculate(verifier, prompt, max_new_tokens=150, budget=16)
+    np.testing.assert_array_equal(result.tokens, want)
+    assert result.stats.tokens_per_step > 1.0 and small_context_buffer
 
 
 def test_chain_mode_on_a_2d_mask_graph(model, tmp_path):

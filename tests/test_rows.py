@@ -212,6 +212,32 @@ def test_construction_options_are_checked():
                    drafter=TrieDrafter(capacity=256, token_limit=VOCAB - 1))
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(max_len=2**40), r"^max_rows=4, max_len=1099511627776, max_draft=4: the rows' tables would take [0-9,]+ "
+                          r"bytes, more than this machine's physical memory"),
+    (dict(max_draft=10**12), r"^max_draft: 1000000000000 asks for trees of [0-9,]+ nodes; expected at most"),
+    (dict(tree_nodes=10**12), r"^tree_nodes: 1000000000000 asks for trees of [0-9,]+ nodes; expected at most"),
+])
+def test_sizes_beyond_memory_or_one_verify_are_refused_before_the_tries_slots_are_taken(options, message):
+    """max_draft=10**12 was reported as "max_len: ... does not fit in memory" (its chain table's
+    MemoryError, caught), tree_nodes=10**12 raised a MemoryError that kept max_rows slots of the
+    shared trie taken for good, and max_len=2**40 was refused only after the slots were taken. Each is
+    refused now before anything is allocated, naming its arguments and the limit; the trie's slots stay free."""
+    trie = TrieDrafter(capacity=256, token_limit=VOCAB, max_requests=8)
+    with pytest.raises(ConfigError, match=message):
+        RowDrafter(**{**dict(max_rows=4, max_len=64, max_draft=4, token_limit=VOCAB, drafter=trie), **options})
+    assert not trie._state.live.any() and trie._state.live.shape[0] == 4   # no slot taken, none added
+    RowDrafter(max_rows=8, max_len=64, max_draft=4, token_limit=VOCAB, drafter=trie)
+
+
+def test_trie_slots_beyond_memory_are_refused_before_the_trie_is_built():
+    """Each row owns a slot of the trie, 8 bytes a trie node: max_rows=2**20 over 2**22 nodes raised
+    a MemoryError after building the trie; refused first, naming both."""
+    with pytest.raises(ConfigError, match=r"^max_rows=1048576, capacity=4194304: the rows' trie slots would take "
+                                          r"[0-9,]+ bytes, more than this machine's physical memory"):
+        RowDrafter(max_rows=2**20, max_len=8, max_draft=4, token_limit=VOCAB, capacity=2**22)
+
+
 def test_a_shared_trie_keeps_serving_its_own_requests_beside_the_rows():
     trie = TrieDrafter(capacity=1 << 12, token_limit=VOCAB, max_requests=6)
     drafter = RowDrafter(max_rows=4, max_len=64, max_draft=4, token_limit=VOCAB, drafter=trie)

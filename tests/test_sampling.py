@@ -25,7 +25,7 @@ import draftcore
 import draftcore.acceptance
 import draftcore.sampling
 from draftcore import BackendError, ConfigError, DraftTree, InputError, SamplingParams, TrieDrafter
-from draftcore.acceptance import sample_step
+from draftcore.acceptance import position_uniforms, sample_step
 from draftcore.processors import LogitsProcessor, softmax
 from naive_sampling import (VARIANTS, chi2_sf, exact_sequence_probs, goodness_of_fit, naive_process,
                             naive_sample_accept, naive_sample_step)
@@ -279,8 +279,8 @@ def test_speculative_sampling_matches_with_each_drafter(kind):
 def test_planted_wrong_acceptance_is_detected(monkeypatch, variant):
     """The same test function fails a wrong rule: the acceptance step the loop calls is replaced
     by a planted variant of the naive twin (and passes with the twin's exact variant)."""
-    def planted(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
-        return naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left, variant)
+    def planted(tokens, parents, n_walk, u, p, uniform):
+        return naive_sample_step(tokens, parents, n_walk, u, p, uniform, variant)
 
     monkeypatch.setattr(draftcore.acceptance, "sample_step", planted)
     p, stat, df, _ = check_distribution(COMBOS["plain"], kinds=("likely",), n_samples=3_000, seed0=77)
@@ -288,12 +288,61 @@ def test_planted_wrong_acceptance_is_detected(monkeypatch, variant):
 
 
 def test_naive_exact_variant_passes_the_same_test(monkeypatch):
-    def twin(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
-        return naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left, "exact")
+    def twin(tokens, parents, n_walk, u, p, uniform):
+        return naive_sample_step(tokens, parents, n_walk, u, p, uniform, "exact")
 
     monkeypatch.setattr(draftcore.acceptance, "sample_step", twin)
     p, stat, df, _ = check_distribution(COMBOS["plain"], kinds=("likely",), n_samples=3_000, seed0=77)
     assert p > ALPHA, (p, stat, df)
+
+
+def test_planted_stale_uniform_is_detected(monkeypatch):
+    """A walk that reuses its step's first uniform at every depth (draws keyed by step, not by
+    position) gives a later token the same draw as the one before it: the same test fails it."""
+    keyed = position_uniforms
+
+    def stale(key, first, n):
+        return np.full(n, keyed(key, first, 1)[0])
+
+    monkeypatch.setattr(draftcore.acceptance, "position_uniforms", stale)
+    p, stat, df, _ = check_distribution(COMBOS["plain"], kinds=("likely",), n_samples=3_000, seed0=77)
+    assert p < DETECT, (p, stat, df)
+
+
+def test_position_uniforms_are_keyed_by_position_alone():
+    """Any block of positions gives the same numbers as the positions one by one; another key or a
+    shifted start gives others; the numbers are uniform and consecutive ones independent."""
+    key = np.uint64(0x1234_5678_9ABC_DEF0)
+    whole = position_uniforms(key, 0, 4096)
+    assert whole.dtype == np.float64 and 0.0 <= whole.min() and whole.max() < 1.0
+    for first, n in ((0, 1), (7, 5), (4000, 96)):
+        np.testing.assert_array_equal(position_uniforms(key, first, n), whole[first:first + n])
+    assert not np.array_equal(position_uniforms(np.uint64(1), 0, 64), whole[:64])
+    many = position_uniforms(key, 0, 200_000)
+    counts = np.histogram2d(many[:-1], many[1:], bins=10, range=[[0, 1], [0, 1]])[0]
+    expected = (many.shape[0] - 1) / 100
+    p = chi2_sf(float(((counts - expected) ** 2 / expected).sum()), 99)
+    assert p > ALPHA, p
+
+
+def test_the_same_seed_gives_the_same_tokens_whatever_was_drafted():
+    """The sampled output is a function of the seed, the model and the options alone: equal over
+    repeated calls with a learning drafter and the auto budget (its tree sizes follow measured
+    step times), equal to budget=0 (no draft), equal across drafters and fixed budgets."""
+    model = ToyModel(vocab_size=8, seed=1)
+    opts = dict(max_new_tokens=60, sampling=dict(temperature=0.9, top_p=0.95, seed=7))
+    plain = draftcore.speculate(ToyVerifier(model), [1, 2, 3], budget=0, **opts)
+    learning, verifier = TrieDrafter(token_limit=8), ToyVerifier(model)
+    runs = [draftcore.speculate(verifier, [1, 2, 3], drafter=learning, budget="auto", **opts) for _ in range(4)]
+    runs += [draftcore.speculate(ToyVerifier(model), [1, 2, 3], drafter=LikelyTreeDrafter(model, s), budget=b, **opts)
+             for s, b in ((0, 2), (1, 8), (2, 30))]
+    runs.append(draftcore.speculate(ToyVerifier(model), [1, 2, 3], drafter="composite", **opts))
+    for run in runs:
+        assert run.tokens.tolist() == plain.tokens.tolist() and run.seed == 7
+    assert sum(run.stats.steps for run in runs[4:7]) < 3 * plain.stats.steps   # drafts were accepted
+    other = draftcore.speculate(ToyVerifier(model), [1, 2, 3], budget=0, **dict(opts, sampling=dict(
+        temperature=0.9, top_p=0.95, seed=8)))
+    assert other.tokens.tolist() != plain.tokens.tolist()
 
 
 # -- the kernel and the processors against their twins ------------------------------------------------
@@ -314,11 +363,11 @@ def trees_with_probs(draw):
 
 
 def sample_accept(tokens, parents, probs, uniforms):
-    """The exact sampling walk from the root down with the kernel's sample_step (as the rule runs it)."""
-    path, i_draw, left = [0], 0, np.empty(probs.shape[1], np.float64)
+    """The keyed sampling walk from the root down with the kernel's sample_step (as the rule runs
+    it): the node at depth d draws with uniforms[d]."""
+    path = [0]
     while True:
-        child, token, i_draw = sample_step(tokens, parents, tokens.shape[0], path[-1], probs[path[-1]], uniforms,
-                                           i_draw, left)
+        child, token = sample_step(tokens, parents, tokens.shape[0], path[-1], probs[path[-1]], uniforms[len(path) - 1])
         if child < 0:
             return np.array(path, np.int32), int(token)
         path.append(int(child))
@@ -336,6 +385,27 @@ def test_sample_accept_matches_naive(case):
     assert probs[path[-1], token] > 0  # never a token of probability 0
     if path.shape[0] > 1:  # an accepted child never has probability 0 either
         assert all(probs[parents[c], tokens[c]] > 0 for c in path[1:])
+
+
+def test_sample_step_matches_naive_over_vocabularies_of_many_blocks():
+    """The kernel finds the draw through per-block partial sums (acceptance._BLOCK tokens each):
+    vocabularies across block boundaries, with zero-mass tokens and whole zero blocks, draw what the
+    naive token-by-token inverse CDF draws, for uniforms spread over [0, 1) and at its ends."""
+    rng = np.random.default_rng(5)
+    root, no_parent = np.zeros(1, np.int32), np.full(1, -1, np.int32)
+    for _ in range(400):
+        vocab = int(rng.integers(1, 3000))
+        p = rng.dirichlet(np.full(vocab, 0.3)).astype(np.float32)
+        p[rng.random(vocab) < 0.4] = 0.0
+        if vocab > 600:
+            start = int(rng.integers(0, vocab - 300))
+            p[start:start + 300] = 0.0   # at least one whole block without mass
+        p[rng.integers(0, vocab)] += 0.05
+        for uniform in (*rng.random(3), 0.0, 1.0 - 2.0 ** -53):
+            got = sample_step(root, no_parent, 1, 0, p, uniform)
+            want = naive_sample_step(root, no_parent, 1, 0, p, uniform)
+            assert got == want, (vocab, uniform)
+            assert p[got[1]] > 0
 
 
 def test_sample_accept_single_node_distribution():

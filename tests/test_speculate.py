@@ -434,6 +434,7 @@ BAD_CALLS = [
     (dict(budget=2.0), ConfigError, ["budget", "2.0"]),
     (dict(budget="fast"), ConfigError, ["budget", "'fast'"]),
     (dict(budget=[4]), ConfigError, ["budget", "[4]"]),
+    (dict(budget=10**12), ConfigError, ["budget", str(10**12), "expected at most"]),   # more than one verify holds
     (dict(stop_sequences=5), InputError, ["stop_sequences", "5"]),
     (dict(drafter=object()), ConfigError, ["drafter", "propose"]),
     (dict(drafter=TrieDrafter), ConfigError, ["drafter", "class TrieDrafter"]),

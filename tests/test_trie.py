@@ -8,6 +8,8 @@ check_integrity().
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1155,6 +1157,44 @@ def test_bad_constructor_args_raise_config_error(kwargs, name):
         TrieDrafter(**kwargs)
     assert str(info.value).startswith(name), str(info.value)
     assert isinstance(info.value, draftcore.DraftcoreError)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(capacity=2**40), "capacity=1099511627776: the trie's node pool"),
+    (dict(token_limit=2**40), "token_limit=1099511627776: the trie's root index"),
+    (dict(learn_capacity=2**40), "learn_capacity=1099511627776, learn_context=4: each request's ring of snippets"),
+    (dict(learn_context=2**40), "learn_capacity=1024, learn_context=1099511627776: each request's ring of snippets"),
+])
+def test_sizes_beyond_physical_memory_are_refused_at_construction(kwargs, named):
+    """capacity=2**40 and token_limit=2**40 ended in a MemoryError (arrays of 64 and 4 TiB), and
+    learn_capacity or learn_context 2**40 in one at the first start(): each is refused at
+    construction, naming the arguments that size it, the bytes and this machine's memory."""
+    with pytest.raises(ConfigError, match=re.escape(named) + r" would take [0-9,]+ bytes, more than this "
+                                                            r"machine's physical memory \([0-9,]+ bytes\)"):
+        TrieDrafter(**kwargs)
+
+
+def test_a_propose_budget_larger_than_one_verify_holds_is_refused_and_changes_nothing():
+    """propose(context, 10**12) sized draft buffers for 10**12 nodes (a MemoryError); now it is
+    refused (validate.max_tree_nodes) before the request or the pool changes: the next draft is
+    the one a twin request that never saw the call makes."""
+    prompt, context = [1, 2, 3, 1, 2, 4], np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
+    drafters = [TrieDrafter(capacity=200, branch_length=4, token_limit=10) for _ in range(2)]
+    requests = []
+    for d in drafters:
+        d.warm_up([[1, 2, 3, 1, 2, 5]])
+        requests.append(d.start(prompt))
+        requests[-1].update([1, 2])
+    d, r = drafters[0], requests[0]
+    before = pool_contents(d._state)
+    for call in (lambda: r.propose(context, 10**12), lambda: d.propose(context, 10**12)):
+        with pytest.raises(ConfigError, match=r"^budget: 1000000000000 asks for trees of [0-9,]+ nodes; expected "
+                                              r"at most"):
+            call()
+    assert pool_contents(d._state) == before and d.requests_in_progress == 1
+    got, want = r.propose(context, 6), requests[1].propose(context, 6)
+    assert len(got) > 1 and got.tokens.tolist() == want.tokens.tolist()
+    assert got.parents.tolist() == want.parents.tolist()
 
 
 def test_bad_calls_raise_input_error():

@@ -96,6 +96,43 @@ def test_empty_batches_empty_rows_and_rows_at_max_model_len():
         assert len(drafts[0]) <= 1 and drafts[1] == [] and drafts[2] == []
 
 
+def long_requests(n, seed, max_len):
+    """(prompt, continuation) pairs of text that repeats itself (8 % noise): 1,500 to 1,900 prompt
+    tokens, continued to max_len tokens in all."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        text = np.tile(rng.integers(0, VOCAB, int(rng.integers(2, 7))), max_len)[:max_len]
+        noise = rng.random(max_len) < 0.08
+        text[noise] = rng.integers(0, VOCAB, int(noise.sum()))
+        n_prompt = int(rng.integers(1500, 1900))
+        out.append((text[:n_prompt].astype(np.int32), text[n_prompt:].astype(np.int32)))
+    return out
+
+
+@pytest.mark.parametrize("capacity", [None, "64"], ids=["default trie", "smallest trie"])
+def test_requests_that_run_to_a_long_max_model_len(monkeypatch, capacity):
+    """Rows of vLLM's token_ids_cpu[max_num_seqs, 2048] (engine.build_llm's max_model_len) filled by
+    1,500-1,900-token prompts and generated to their last position: every draft leaves room for the
+    model's own token, drafts are accepted to the end, and with the smallest trie the options allow
+    (64 nodes: one prompt's branches overflow it at once) too."""
+    if capacity:
+        monkeypatch.setenv("DRAFTCORE_TRIE_CAPACITY", capacity)
+    max_len = 2048
+    engine = Engine(long_requests(5, 11, max_len), max_rows=MAX_SEQS, max_len=max_len, seed=3)
+    proposer = DraftcoreProposer(stand_in_config(max_len=max_len))
+    late = 0   # tokens drafted for rows within 2 * K of the end
+    while not engine.done:
+        _, n_tokens, _, _ = engine.batch()
+        drafts = vllm_call(proposer, engine)
+        for n, draft in zip(n_tokens.tolist(), drafts):
+            assert n + len(draft) + 1 <= max_len
+            late += len(draft) if n > max_len - 2 * K else 0
+        engine.step(drafts)
+    assert engine.accepted > 0 and late > 0
+    assert engine.made == {q: max_len - len(prompt) for q, (prompt, _) in engine.requests.items()}   # all to the end
+
+
 def test_the_same_calls_give_the_same_drafts_on_every_rank():
     runs = []
     for _ in range(2):
@@ -141,6 +178,10 @@ def test_a_saved_trie_warms_the_proposer(monkeypatch, tmp_path):
     ("DRAFTCORE_DRAFTER", "jacobi", "DRAFTCORE_DRAFTER: 'jacobi'; expected one of \\['trie'\\]"),
     ("DRAFTCORE_TRIE_FILE", "/no/such/trie.npz", "DRAFTCORE_TRIE_FILE: '/no/such/trie.npz' is not a file"),
     ("DRAFTCORE_TOKENCOST", "0.1", "DRAFTCORE_TOKENCOST: not an option"),
+    # sizes past what one verify or this machine's memory holds (they raised a MemoryError at startup)
+    ("DRAFTCORE_TREE_NODES", str(10**12), "DRAFTCORE_TREE_NODES: 1000000000000 asks for trees of .* expected at most"),
+    ("DRAFTCORE_TRIE_CAPACITY", str(2**40), "DRAFTCORE_TRIE_CAPACITY=1099511627776: the trie's node pool would take "
+                                            ".* more than this machine's physical memory"),
 ])
 def test_bad_options_are_refused_at_construction(monkeypatch, name, value, message):
     monkeypatch.setenv(name, value)

@@ -3,7 +3,8 @@
     from draftcore.adapters.llamacpp import LlamaCppVerifier
     verifier = LlamaCppVerifier.from_gguf("model.gguf", n_ctx=4096)      # tree-capable context
     verifier = LlamaCppVerifier.from_llama(llm)                         # an existing llama_cpp.Llama
-    llm = Llama(model_path="model.gguf", draft_model=DraftcoreDraftModel())  # or: zero code changes, chains only
+    llm = speculative_llama("model.gguf", n_ctx=4096)   # or: llama-cpp-python's own loop drafting with
+                                                       # draftcore (a Llama; chains only)
 
 Needs llama-cpp-python (`pip install 'draftcore[llamacpp]'`); `import draftcore` alone never imports it.
 
@@ -35,8 +36,9 @@ if _loaded_before("numba", "llama_cpp") and llama_cpp.llama_supports_gpu_offload
         "first. Import draftcore.adapters.llamacpp (or llama_cpp) before building any drafter or "
         "DraftTree, e.g. at the top of your program.", RuntimeWarning, stacklevel=2)
 
-from .draft_model import DraftcoreDraftModel  # noqa: E402
+from .draft_model import DraftcoreDraftModel, speculative_llama  # noqa: E402
 from .numerics import InexactBatchWarning  # noqa: E402
 from .verifier import ChainOnlyWarning, LlamaCppVerifier  # noqa: E402
 
-__all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "InexactBatchWarning", "DraftcoreDraftModel"]
+__all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "InexactBatchWarning", "DraftcoreDraftModel",
+           "speculative_llama"]

@@ -190,8 +190,11 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
             # logits_all=True explicitly: a draft model turns it on internally, but llama-cpp-python
             # (0.3.x) sizes its logits buffer from the argument (n_batch rows), so a context past
             # n_batch tokens (a pydoc prompt) overflows it ("could not broadcast ... into shape (0,)").
-            llm = _counting_llama(import_llama_cpp())(handle.path, draft_model=make_draft_model(), logits_all=True,
+            draft_model = make_draft_model()
+            llm = _counting_llama(import_llama_cpp())(handle.path, draft_model=draft_model, logits_all=True,
                                                       **handle.llama_kwargs)
+            if isinstance(draft_model, DraftcoreDraftModel):
+                draft_model.check_llama(llm)   # its self-check now, not inside the first timed call
             table[name] = lambda label=label, llm=llm: Method(label, lambda p, n: _generate(llm, p, n, eos))
     verifier = None
     if set(names) - {"plain", *drafting_llamas}:  # every other method runs through draftcore's verifier

@@ -33,6 +33,11 @@ def import_llama_cpp():
     return llama_cpp
 
 
+# llama.cpp's and llama-cpp-python's default n_batch: the most tokens one llama_decode takes unless a
+# deployment says otherwise, so the most a draft can hold and still be verified in one forward.
+DEFAULT_N_BATCH = 512
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a context allows, read back from llama.cpp (not from what was asked for)."""
@@ -70,14 +75,14 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
     defaults, with the tree settings and any explicit overrides applied."""
     params = lib.llama_context_default_params() if base is None else type(base).from_buffer_copy(base)
     if n_ctx is not None:
-        params.n_ctx = n_ctx
+        set_fields(params, {"n_ctx": n_ctx})
     if n_batch is not None:
-        params.n_batch = params.n_ubatch = n_batch  # one tree, one graph evaluation
+        set_fields(params, {"n_batch": n_batch, "n_ubatch": n_batch})  # one tree, one graph evaluation
     # llama.cpp aborts the process (GGML_ASSERT in output_reserve) when n_batch exceeds n_ctx.
     params.n_batch = min(params.n_batch, params.n_ctx)
     params.n_ubatch = min(params.n_ubatch, params.n_batch)
     if n_threads is not None:
-        params.n_threads = params.n_threads_batch = n_threads
+        set_fields(params, {"n_threads": n_threads, "n_threads_batch": n_threads})
     if type_k is not None:
         params.type_k = check_kv_type(lib, "type_k", type_k)
     if type_v is not None:
@@ -121,16 +126,28 @@ _INTEGER_FIELDS = (ctypes.c_int8, ctypes.c_uint8, ctypes.c_int16, ctypes.c_uint1
 
 def set_fields(params, values: dict) -> None:
     """Set ctypes struct fields by name; a value the field's C type cannot take is a ConfigError
-    (ctypes would raise a bare TypeError, or silently truncate a float)."""
+    (ctypes would raise a bare TypeError, silently truncate a float, or silently wrap an integer out
+    of the field's range: n_ctx=2**32 + 512 made a context of 512 cells)."""
     types = dict((f[0], f[1]) for f in type(params)._fields_)
     for name, value in values.items():
         try:
-            if types.get(name) in _INTEGER_FIELDS and isinstance(value, (float, bool)):
-                raise TypeError("not an integer")
+            if types.get(name) in _INTEGER_FIELDS:
+                _check_integer(types[name], value)
             setattr(params, name, value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(f"{name}: llama.cpp's field takes a {getattr(types.get(name), '__name__', '?')}, "
                               f"got {value!r} ({exc})") from None
+
+
+def _check_integer(ctype, value) -> None:
+    """TypeError unless `value` is an integer, ValueError unless the ctypes integer type `ctype`
+    holds it without wrapping."""
+    if isinstance(value, (float, bool)) or not isinstance(value, numbers.Integral):
+        raise TypeError("not an integer")
+    bits = 8 * ctypes.sizeof(ctype)
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if ctype(-1).value < 0 else (0, (1 << bits) - 1)
+    if not low <= value <= high:
+        raise ValueError(f"outside [{low}, {high}]")
 
 
 def split_overrides(lib, kwargs: dict) -> tuple[dict, dict]:

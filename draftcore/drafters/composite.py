@@ -55,7 +55,7 @@ from ..checks import check_observation
 from ..errors import ConfigError
 from ..jit import kernels
 from ..tree import DraftTree, score_bins_of
-from ..validate import flag, positive_float, token_array
+from ..validate import flag, positive_float, token_array, tree_size
 from .jacobi import JacobiDrafter
 from .ngram import NGramDrafter
 from .trie import TrieDrafter
@@ -163,6 +163,7 @@ class CompositeRequest:
         for none where the budget keeps dropping it: building it cost ~20 us a step, a quarter of
         the composite's drafting)."""
         context = token_array("context", context)
+        budget = tree_size("budget", budget)   # refused before any source's state moves
         root = int(context[-1])
         trees = {}   # source index -> its tree, for the sources that drafted something
         for i, request in enumerate(self._requests):

@@ -33,7 +33,7 @@ from ..checks import check_observation
 from ..errors import ConfigError, InputError
 from ..jit import kernels
 from ..tree import DraftTree
-from ..validate import positive_int, token_array
+from ..validate import fits_in_memory, positive_int, token_array, tree_size, within_tree_limit
 from .merge import merge_trees
 
 _KERNELS = "draftcore.drafters.ngram_kernels"
@@ -57,6 +57,13 @@ class JacobiDrafter:
         if self.pool_rows & (self.pool_rows - 1):
             raise ConfigError(f"pool_rows: expected a power of two (a key's row is its hash, masked), got {pool_rows}")
         self.seed = positive_int("seed", seed, minimum=0)
+        # The window rides in every verify as (N - 1) x W lookahead nodes: no more than one verify holds.
+        within_tree_limit("window", self.window, self.window_nodes)
+        # Every request's pool at start (ngram_kernels.new_pool): per row a key (int32) and G n-grams of
+        # N - 1 int32 tokens with a stamp (int64) each.
+        row_bytes = 4 + self.pool_size * (4 * (self.levels - 1) + 8)
+        fits_in_memory(self.pool_rows * row_bytes, "each request's n-gram pool", pool_rows=self.pool_rows,
+                       pool_size=self.pool_size, levels=self.levels)
 
     @classmethod
     def paper(cls, **options) -> "JacobiDrafter":
@@ -106,7 +113,7 @@ class JacobiRequest:
         """The pool's candidates for the root, with the window as lookahead nodes when `lookahead`
         (the loop asks for none while its budget policy keeps dropping the window: a CPU)."""
         context = token_array("context", context)
-        budget = positive_int("budget", budget, minimum=0)
+        budget = tree_size("budget", budget)
         self._check_open("propose")
         candidates = self.candidates(int(context[-1]), budget)
         if not lookahead:

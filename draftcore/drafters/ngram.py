@@ -30,7 +30,7 @@ from ..checks import check_observation
 from ..errors import ConfigError, InputError
 from ..jit import kernels
 from ..tree import DraftTree
-from ..validate import flag, positive_int, token_array
+from ..validate import fits_in_memory, flag, positive_int, token_array, tree_size
 
 _KERNELS = "draftcore.drafters.ngram_kernels"
 
@@ -56,6 +56,11 @@ class NGramDrafter:
             raise ConfigError(f"rows: expected {WAYS} x a power of two (rows are grouped in sets of {WAYS}, a "
                               f"key's set chosen by masking its hash), got {rows}")
         self.learn_from_model = flag("learn_from_model", learn_from_model)
+        # Every request builds its tables at start (ngram_kernels.new_tables): per level and row, a
+        # key of max_n - 1 int32s, `choices` next tokens and counts (int32) and a stamp (int64).
+        levels = self.max_n - 1
+        fits_in_memory(levels * self.rows * (4 * levels + 8 * self.choices + 8), "each request's n-gram tables",
+                       rows=self.rows, max_n=self.max_n, choices=self.choices)
 
     @classmethod
     def paper(cls, **options) -> "NGramDrafter":
@@ -73,6 +78,7 @@ class NGramDrafter:
 
     def propose(self, context, budget: int) -> DraftTree:
         """A one-off draft from `context` alone (tables built from it, then dropped)."""
+        tree_size("budget", budget)   # before any table is built
         request = self.start(context)
         return request.propose(context, budget)
 
@@ -97,7 +103,7 @@ class NGramRequest:
 
     def propose(self, context, budget: int) -> DraftTree:
         context = token_array("context", context)
-        budget = positive_int("budget", budget, minimum=0)
+        budget = tree_size("budget", budget)   # the draft buffers are sized by it
         self._check_open("propose")
         n_context = context.shape[0]
         if n_context < self._n_seen:

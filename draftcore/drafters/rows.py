@@ -44,7 +44,9 @@ agree.
     capacity      262144    nodes of the default TrieDrafter
 
 Memory: a trie slot beyond the first four holds 8 bytes per trie node (2 MB at the default
-capacity) once a request uses it; each tracked request keeps a copy of its tokens.
+capacity) once a request uses it; each tracked request keeps a copy of its tokens. Tables or slots
+that could not fit in physical memory, and chains or trees larger than one verify holds
+(validate.max_tree_nodes), are refused at construction, before any trie slot is taken.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ import numpy as np
 
 from ..errors import BusyError, ConfigError, InputError, describe
 from ..jit import kernels
-from ..validate import positive_float, positive_int
+from ..validate import fits_in_memory, positive_float, positive_int, tree_size
 from .trie import TrieDrafter
 
 _KERNELS = "draftcore.drafters.row_kernels"
@@ -71,25 +73,30 @@ class RowDrafter:
         T = kernels(_TRIE_KERNELS)
         self.max_rows = positive_int("max_rows", max_rows)
         self.max_len = positive_int("max_len", max_len, minimum=2)
-        self.max_draft = positive_int("max_draft", max_draft)
+        self.max_draft = tree_size("max_draft", max_draft, minimum=1)   # a chain the engine verifies in one step
         self.token_limit = positive_int("token_limit", token_limit)
         self.token_cost = positive_float("token_cost", token_cost, inclusive=True)
         self.row_cost = positive_float("row_cost", row_cost, inclusive=True)
-        self.tree_nodes = positive_int("tree_nodes", 4 * self.max_draft if tree_nodes is None else tree_nodes)
+        # the trie's draft per row: a propose budget, bounded as one (its buffers are sized by it)
+        self.tree_nodes = tree_size("tree_nodes", 4 * self.max_draft if tree_nodes is None else tree_nodes, minimum=1)
         if self.tree_nodes < self.max_draft:
             raise ConfigError(f"tree_nodes: expected at least max_draft = {self.max_draft} (a chain of max_draft "
                               f"tokens needs that many tree nodes), got {self.tree_nodes}")
         self.explore = positive_float("explore", explore, inclusive=True)
         keep = 1.0 if memory is None else 1.0 - 1.0 / positive_float("memory", memory, minimum=1.0, inclusive=True)
         if drafter is None:
-            drafter = TrieDrafter(capacity=positive_int("capacity", capacity), token_limit=self.token_limit,
-                                  max_requests=self.max_rows)
+            capacity = positive_int("capacity", capacity)
         elif not isinstance(drafter, TrieDrafter):
             raise ConfigError(f"drafter: expected a TrieDrafter (the batched kernels draft from its node pool), "
                               f"got {describe(drafter)}")
         elif drafter.token_limit < self.token_limit:
             raise ConfigError(f"drafter: its token_limit {drafter.token_limit} is below token_limit "
                               f"{self.token_limit}; build it with token_limit >= the vocabulary size")
+        else:
+            capacity = drafter.capacity
+        self._check_memory(capacity)
+        if drafter is None:
+            drafter = TrieDrafter(capacity=capacity, token_limit=self.token_limit, max_requests=self.max_rows)
         self.drafter = drafter
         # Hold max_rows request slots of the trie for good: each state of the table owns one, so the
         # kernels never allocate (the trie may still serve other requests in its remaining slots).
@@ -133,6 +140,16 @@ class RowDrafter:
         self.rows_drafted = 0
         self.tokens_proposed = 0
         self.rows_refused = 0     # active rows that found no free state (never, with max_rows states)
+
+    def _check_memory(self, capacity: int) -> None:
+        """Refuse, before the trie's slots are taken, tables that could not fit in memory: each state
+        keeps a copy of its row (max_len int32 tokens) and its last chain (max_draft int32 tokens,
+        int64 cells, and the int32 output row), and owns a trie slot, whose own counts take 8 bytes a
+        trie node past the first four slots (trie_kernels.with_slots)."""
+        fits_in_memory(4 * self.max_rows * self.max_len + 16 * self.max_rows * self.max_draft, "the rows' tables",
+                       max_rows=self.max_rows, max_len=self.max_len, max_draft=self.max_draft)
+        fits_in_memory(8 * max(self.max_rows - 4, 0) * capacity, "the rows' trie slots", max_rows=self.max_rows,
+                       capacity=capacity)
 
     def propose(self, rows, n_tokens, active=None, limits=None) -> tuple[np.ndarray, np.ndarray]:
         """Chains for rows 0 .. n-1, n = len(n_tokens).

@@ -56,7 +56,7 @@ import numpy as np
 from ..checks import check_observation
 from ..errors import BusyError, ConfigError, InputError
 from ..tree import DraftTree
-from ..validate import flag, positive_float, positive_int, token_array
+from ..validate import fits_in_memory, flag, positive_float, positive_int, token_array, tree_size
 from ..jit import kernels
 
 LAYOUTS = ("hierarchical", "parallel", "single")
@@ -100,6 +100,7 @@ class TrieDrafter:
         if self.capacity <= 2 * self.branch_length:
             raise ConfigError(f"capacity: expected more than 2 * branch_length = {2 * self.branch_length} "
                               f"nodes (one token may create branch_length nodes), got {capacity}")
+        fits_in_memory(pool_bytes(self.capacity), "the trie's node pool", capacity=self.capacity)
         if layout not in LAYOUTS:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         # Plain int / float / bool fields: the types warm_up compiled the kernels for. `calibrated`
@@ -114,6 +115,8 @@ class TrieDrafter:
             calibrated=flag("calibrate", calibrate) and bool(fill) and layout != "single")
         self.layout = layout
         self.token_limit = positive_int("token_limit", token_limit)
+        fits_in_memory(4 * self.token_limit, "the trie's root index", token_limit=self.token_limit)   # int32 per id
+        # Slots past the first four grow with the requests in progress (with_slots), not up front.
         self.max_requests = positive_int("max_requests", max_requests)
         self.insert_prompt = flag("insert_prompt", insert_prompt)
         self.insert_output = flag("insert_output", insert_output)
@@ -121,6 +124,9 @@ class TrieDrafter:
         self.learn_from_model = flag("learn_from_model", learn_from_model)
         self.learn_context = positive_int("learn_context", learn_context)
         self.learn_capacity = positive_int("learn_capacity", learn_capacity)
+        # every request's ring (trie_model_kernels.new_learnt): a snippet's tokens and its length, int32
+        fits_in_memory(4 * self.learn_capacity * (self.learn_context + 2), "each request's ring of snippets",
+                       learn_capacity=self.learn_capacity, learn_context=self.learn_context)
         self._state = K.new_state(self.capacity, self.token_limit, min(_FIRST_SLOTS, self.max_requests))
         self._lock = threading.Lock()  # held by every kernel call on the shared pool
         # Requests dropped without finish(): their finalizers only append here (a finalizer may run
@@ -159,7 +165,7 @@ class TrieDrafter:
         """A one-off draft continuing `context` from what the trie has learnt, outside any request
         (no request's own counts weigh in): to inspect the trie, or to draft without a request."""
         context = token_array("context", context, vocab_size=self.token_limit)
-        budget = positive_int("budget", budget, minimum=0)
+        budget = tree_size("budget", budget)   # its buffers are sized by it
         with self._lock:
             self._end_abandoned()
             core = _RequestCore(self._take_slot(), context[:0], self, count_prompt=False)
@@ -360,7 +366,7 @@ class TrieRequest:
         context = token_array("context", context, vocab_size=self._token_limit)
         buffers = core.buffers
         if type(budget) is not int or not 0 <= budget < buffers.tokens.shape[0]:
-            budget = positive_int("budget", budget, minimum=0)
+            budget = tree_size("budget", budget)   # before the buffers grow to it
             if budget >= buffers.tokens.shape[0]:
                 buffers = core.buffers = self._drafter._K.new_buffers(budget)
         if core.ended:
@@ -485,6 +491,12 @@ class _RequestCore:
         """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),
         built positionally (half the cost of keywords, and it is built every step)."""
         return self.make_stream(self.tokens, self.n_counted, self.n_stream, self.n_prompt, self.count_from)
+
+
+def pool_bytes(capacity: int) -> int:
+    """Bytes a trie's node pool of `capacity` nodes takes: a node row (trie_kernels.ROW int32s: links,
+    counts, the first request slots' own counts) and a free-list entry each."""
+    return capacity * 4 * (kernels(_KERNELS).ROW + 1)
 
 
 def _check_continues(tree: DraftTree, path: np.ndarray, context: np.ndarray) -> None:

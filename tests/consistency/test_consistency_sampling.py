@@ -64,9 +64,26 @@ def test_speculative_sampling_follows_plain_sampling(make_verifier, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_planted_wrong_rule_is_caught(make_verifier, backend, monkeypatch):
-    def planted(tokens, parents, n_walk, u, p, uniforms, i_draw, left):
-        return naive_sample_step(tokens, parents, n_walk, u, p, uniforms, i_draw, left, "no_removal")
+    def planted(tokens, parents, n_walk, u, p, uniform):
+        return naive_sample_step(tokens, parents, n_walk, u, p, uniform, "child_coins")
 
     monkeypatch.setattr(draftcore.acceptance, "sample_step", planted)
     p, stat, df, _ = sample_fit(make_verifier(backend))
     assert p < DETECT, (backend, p, stat, df)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_seed_replays_whatever_was_drafted(make_verifier, backend):
+    """The same seed gives the same tokens over repeated calls with a learning drafter and the auto
+    budget, and the same tokens as budget=0 (no draft): every draw is keyed by its output position.
+    The prompt repeats, so the trie learns it and the auto budget's trees differ from call to call."""
+    verifier = make_verifier(backend)
+    prompt = np.asarray(PROMPT * 3, np.int32)
+    options = dict(max_new_tokens=40, sampling=dict(temperature=0.8, top_p=0.95, seed=11))
+    plain = draftcore.speculate(verifier, prompt, budget=0, **options)
+    drafter, accepted = TrieDrafter(), 0
+    for budget in ("auto", "auto", "auto", 8, 3):
+        run = draftcore.speculate(verifier, prompt, drafter=drafter, budget=budget, **options)
+        assert run.tokens.tolist() == plain.tokens.tolist(), (backend, budget)
+        accepted += sum(k * c for k, c in enumerate(run.stats.accepted_hist))
+    assert accepted > 0, backend   # drafts were accepted: the equality covered drafted steps

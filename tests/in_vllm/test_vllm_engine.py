@@ -55,6 +55,19 @@ def test_tiny_llama_greedy_equals_no_speculation_with_rows_reused(tiny_llama_dir
     assert any(s.get("steps", 0) > 0 for s in stats), stats
 
 
+def test_tiny_llama_greedy_equals_no_speculation_up_to_max_model_len(tiny_llama_dir):
+    """Prompts of 448 tokens generating 64 more, to max_model_len (512, `run`'s): the rows of
+    token_ids_cpu fill to their last position, where a draft must leave room for the model's own
+    token (vLLM verifies what the proposer returns). More prompts than max_num_seqs: rows are reused."""
+    rng = np.random.default_rng(1)
+    prompts = [np.tile(rng.integers(2, 512, int(rng.integers(3, 7))), 150)[:448].tolist() for _ in range(4)]
+    plain, _, _ = run(tiny_llama_dir, "none", prompts, 3, 64)
+    spec, metrics, _ = run(tiny_llama_dir, "draftcore", prompts, 3, 64)
+    assert_same_greedy(plain, spec, "tiny llama to max_model_len")
+    assert all(len(tokens) == 64 for tokens, _ in spec)
+    assert metrics["drafts"] > 0 and metrics["accepted_tokens"] > 0, metrics
+
+
 def test_smollm2_greedy_equals_no_speculation_and_sampling_reports_acceptance(smollm2_dir, smollm2_prompts):
     plain, _, _ = run(smollm2_dir, "none", smollm2_prompts, 2, 48)
     llm = build_llm(smollm2_dir, "draftcore", k=6, max_num_seqs=2, max_model_len=512)
