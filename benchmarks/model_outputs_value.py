@@ -69,7 +69,7 @@ def drafter_method(name: str, verifier, budget: int, eos_token_id: int):
 
 def main():
     from draftcore.adapters.torch_hf import HFVerifier
-    from draftcore.adapters.torch_hf.bench import load_model, load_prompts
+    from draftcore.tools.backends.hf import load_model, load_prompts
     from draftcore.tools.bench import run_benchmark
 
     ap = argparse.ArgumentParser()

@@ -1,4 +1,4 @@
-"""Drafting time per decode step: the jitted trie vs the naive pure-Python reference (tests/naive.py),
+"""Drafting time per decode step: the jitted trie vs its naive pure-Python twin (fixtures/naive_trie.py),
 on the same stream — the 80 real SmolLM2 traces replayed in file order, trie carried across them.
 
 A step's drafting time is what the decode loop measures: request.update(accepted tokens) plus
@@ -9,14 +9,12 @@ import argparse
 import time
 
 import numpy as np
-from _common import TRACES, markdown_table, tests_path, write_json
+from _common import TRACES, markdown_table, write_json
 
 from draftcore import DraftTree, TrieDrafter
+from draftcore.tools.fixtures.naive_trie import NaiveTrie
 from draftcore.tools.replay import replay
 from draftcore.tools.traces import read_traces
-
-tests_path()
-from naive import NaiveTrie  # noqa: E402
 
 
 class NaiveTrieDrafter:

@@ -30,14 +30,14 @@ import numpy as np
 
 
 def load(n: int):
-    from draftcore.adapters.torch_hf.bench import load_prompts, load_tokenizer
+    from draftcore.tools.backends.prompts import load_prompts, load_tokenizer
     tokenizer = load_tokenizer()
     return {d: [p.ids.tolist() for p in load_prompts(tokenizer, d, n + 1)] for d in ("humaneval", "mtbench")}, \
         tokenizer.eos_token_id
 
 
 def run_method(model, method, prompts, batch, k, max_new, eos):
-    from draftcore.adapters.vllm.engine import build_llm, generate, proposer_stats, shutdown, spec_metrics
+    from draftcore.tools.backends.vllm_engine import build_llm, generate, proposer_stats, shutdown, spec_metrics
     llm = build_llm(model, method, k=k, max_num_seqs=batch, max_model_len=2048, memory_share=0.3)
     try:
         out = {}
@@ -108,8 +108,8 @@ def main(argv=None):
     parser.add_argument("--methods", default="none,ngram,suffix,draftcore")
     parser.add_argument("--out", default="bench_out/vllm")
     args = parser.parse_args(argv)
-    from draftcore.adapters.torch_hf.smollm2 import converted_folder
-    model = converted_folder()
+    from draftcore.tools.backends.default_model import default_hf_folder
+    model = default_hf_folder()
     prompts, eos = load(args.n)
     methods = [m for m in args.methods.split(",") if m != "suffix" or importlib.util.find_spec("arctic_inference")]
     if "suffix" in args.methods.split(",") and "suffix" not in methods:

@@ -10,22 +10,23 @@ Backends live in draftcore.adapters.<backend> and import their framework when th
 themselves; the benchmark harness and the CLI live in draftcore.tools.
 """
 from .budget import CostAwareBudget, FixedBudget
-from .drafters import DRAFTER_NAMES, CompositeDrafter, JacobiDrafter, NGramDrafter, RowDrafter, TrieDrafter
-from .drafters.trie import TrieRequest
+from .drafters import DRAFTER_NAMES, CompositeDrafter, JacobiDrafter, NGramDrafter, TrieDrafter
 from .errors import BackendError, BusyError, ConfigError, DraftcoreError, InputError
-from .protocols import Drafter, DraftRequest, Verifier
+from .protocols import BudgetPolicy, Drafter, DraftRequest, Verifier
 from .result import SpeculateResult, SpeculateStats
 from .sampling import SamplingParams
 from .session import Session
-from .speculate import SpeculationStream, speculate, speculate_stream
-from .text import IncrementalText
+from .speculate import speculate, speculate_stream
 from .tree import DraftTree
 
 __version__ = "0.1.0"
 
+# What users and backend authors need. Everything else stays importable from its own module:
+# draftcore.drafters.trie.TrieRequest, draftcore.drafters.rows.RowDrafter, draftcore.loop.SpeculationStream,
+# draftcore.text.IncrementalText, draftcore.drafters.register_drafter, ...
 __all__ = [
-    "speculate", "speculate_stream", "SpeculationStream", "Session", "SpeculateResult", "SpeculateStats",
-    "SamplingParams", "DraftTree", "Verifier", "Drafter", "DraftRequest", "TrieDrafter", "TrieRequest",
-    "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "RowDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
-    "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError", "IncrementalText",
+    "speculate", "speculate_stream", "Session", "SpeculateResult", "SpeculateStats", "SamplingParams", "DraftTree",
+    "Verifier", "Drafter", "DraftRequest", "BudgetPolicy",
+    "TrieDrafter", "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
+    "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError",
 ]

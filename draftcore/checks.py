@@ -1,6 +1,7 @@
 """Validation at the Verifier boundary, written once: the loop and every adapter call these.
 
     check_tree(tree, vocab_size)          a DraftTree a backend may index embeddings with and build masks from
+                                          (defined with the tree, draftcore.tree)
     check_n_logits(n_logits, tree)        how many leading rows of logits a verify returns
     check_path(path, tree)                a root-first parent chain of the last verified tree
     check_observation(tree, tokens, path) what a drafter's observe() is given (a caller may call it too)
@@ -20,47 +21,10 @@ import numpy as np
 
 from .errors import BackendError, InputError, describe
 from .jit import kernels
-from .tree import DraftTree
+from .tree import DraftTree, check_tree  # noqa: F401 (check_tree: the boundary checks in one place)
 from .validate import positive_int
 
 MISSING = -1  # a node's token when the backend did not evaluate that node (see Verifier.verify)
-
-
-def check_tree(tree, vocab_size: int | None = None) -> DraftTree:
-    """Return `tree` if it is a well-formed DraftTree, else raise InputError: 1-D int32 arrays of
-    one length n >= 1; parents[0] == -1, depths[0] == 0, 0 <= parents[i] < i, depths[i] ==
-    depths[parents[i]] + 1; tokens in [0, vocab_size); scores None or float[n]; 0 <= n_lookahead < n
-    and every lookahead node's parent the root or a lookahead node."""
-    if not isinstance(tree, DraftTree):
-        raise InputError(f"tree: expected a draftcore.DraftTree, got {describe(tree)}")
-    for name in ("tokens", "parents", "depths"):
-        arr = getattr(tree, name)
-        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
-            raise InputError(f"tree.{name}: expected a non-empty 1-D int32 array, got {describe(arr)}")
-    n = tree.tokens.shape[0]
-    if not tree.parents.shape == tree.depths.shape == (n,):
-        raise InputError(f"tree: arrays differ in length: tokens {tree.tokens.shape}, parents "
-                         f"{tree.parents.shape}, depths {tree.depths.shape}")
-    if tree.scores is not None and (not isinstance(tree.scores, np.ndarray) or tree.scores.shape != (n,)
-                                    or tree.scores.dtype.kind != "f"):
-        raise InputError(f"tree.scores: expected None or float32[{n}], got {describe(tree.scores)}")
-    n_lookahead = tree.n_lookahead
-    if isinstance(n_lookahead, bool) or not isinstance(n_lookahead, (int, np.integer)) or not 0 <= n_lookahead < n:
-        raise InputError(f"tree.n_lookahead: expected an int in [0, {n - 1}] (the root is never a lookahead "
-                         f"node), got {describe(n_lookahead)}")
-    upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
-    K = kernels("draftcore.tree_kernels")
-    code, i = K.tree_error(tree.tokens, tree.parents, tree.depths, n_lookahead, upper)
-    if code == K.BAD_TOKEN:
-        raise InputError(f"tree.tokens: token id {int(tree.tokens[i])} (node {i}) is outside the vocabulary [0, {upper})")
-    if code == K.BAD_NODE:
-        raise InputError(
-            f"tree: malformed at node {i} (expected parents[0] == -1, 0 <= parents[i] < i, depths[0] == 0, "
-            f"depths[i] == depths[parents[i]] + 1): parent={int(tree.parents[i])}, depth={int(tree.depths[i])}")
-    if code == K.BAD_WINDOW:
-        raise InputError(f"tree: lookahead node {i} hangs below candidate {int(tree.parents[i])}; a lookahead "
-                         f"node's parent must be the root or another lookahead node (index >= {n - n_lookahead})")
-    return tree
 
 
 def check_n_logits(n_logits, n_nodes: int) -> int:

@@ -33,6 +33,13 @@ from .tree import DraftTree
 class ProposalOutcomes:
     """Proposals waiting for the tokens that settle their candidates, for one request."""
 
+    @staticmethod
+    def of(policy) -> "ProposalOutcomes | NoOutcomes":
+        """What the loop keeps for `policy`: its proposals, where it learns from their outcomes
+        (`observe_outcomes`), else nothing at all."""
+        report = getattr(policy, "observe_outcomes", None)
+        return ProposalOutcomes(report) if callable(report) else NoOutcomes()
+
     MAX_PENDING = 64   # a step emits at least one token: a proposal waits at most its depth in steps
 
     def __init__(self, report):
@@ -63,3 +70,13 @@ class ProposalOutcomes:
             outcome = self._kernels.would_accept(proposal.tokens, proposal.parents, proposal.depths, len(proposal),
                                                  continuation)
             self._report(proposal, verified, outcome)
+
+
+class NoOutcomes:
+    """ProposalOutcomes for a policy that does not learn from outcomes: keeps nothing."""
+
+    def add(self, proposal: DraftTree, verified: int, start: int) -> None:
+        pass
+
+    def settle(self, context: np.ndarray, n_context: int, final: bool = False) -> None:
+        pass

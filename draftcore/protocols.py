@@ -1,8 +1,9 @@
-"""The two small interfaces everything else plugs into.
+"""The three small interfaces everything else plugs into.
 
-A backend implements `Verifier`; a drafting strategy implements `Drafter`. Both are structural
-(`typing.Protocol`): no base class to inherit. What crosses them is numpy: token ids are contiguous
-1-D int32 arrays, "no draft" is a root-only tree, never None.
+A backend implements `Verifier`; a drafting strategy implements `Drafter`; what decides how much of
+each draft to verify implements `BudgetPolicy`. All are structural (`typing.Protocol`): no base
+class to inherit. What crosses them is numpy: token ids are contiguous 1-D int32 arrays, "no draft"
+is a root-only tree, never None.
 
 Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the loop):
 
@@ -21,6 +22,10 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
                                             rather than re-calibrating them
     Drafter.concurrent_requests  bool   True: concurrent requests may share it (below); speculate
                                         claims any drafter or budget policy that does not say so
+    BudgetPolicy.keep_lookahead(tree, k)  -> bool   whether the window rides along (below)
+    BudgetPolicy.wants_lookahead()        -> bool   whether to ask for a window this step (below)
+    BudgetPolicy.observe_outcomes(tree, verified, outcome)  every proposed node's outcome (below)
+    BudgetPolicy.concurrent_requests      bool      as Drafter's
 
 Errors, the same in every backend: `InputError` for a call's arguments or call order (a bad
 `n_logits`, a path that is not in the last tree, verify before prefill) — refused before any state
@@ -136,3 +141,37 @@ class DraftRequest(Protocol):
         """The request ended: drop its own state (its prompt branches, nobody else's), keep what
         should persist. Idempotent. A request dropped without `finish` (a stream collected
         unfinished) must end only itself, whenever and in whatever thread that happens."""
+
+
+@runtime_checkable
+class BudgetPolicy(Protocol):
+    """How many drafted candidates to verify each step (draftcore.budget: `FixedBudget`,
+    `CostAwareBudget`). `speculate` takes one as `budget=` (an int becomes a `FixedBudget`) and calls
+    it once per step: `request_size`, then, if a tree was proposed, `choose` (again on the tree
+    without its window, if the window is dropped), then `observe`.
+
+    Optional members, read once per request by the loop (draftcore.drafting, draftcore.outcomes):
+        keep_lookahead(tree, k) -> bool  whether the tree's lookahead window rides along with its
+                                first k candidates (default: always, as FixedBudget does); a window
+                                is verified whole or not at all, and priced with the candidates
+        wants_lookahead() -> bool  asked before proposing, of a drafter that can leave its window out
+                                (`DraftRequest.lookahead_optional`): whether to build one this step at
+                                all (default: always). `draftcore.budget.LookaheadProbe` answers it
+                                from what keep_lookahead last decided.
+        observe_outcomes(tree, verified, outcome)  what every node of a step's proposal would have
+                                done, a few tokens later, verified or not (draftcore.outcomes)
+        concurrent_requests     True: requests in progress at once may share it (FixedBudget: it
+                                has no state); else speculate claims it for a request's lifetime
+    """
+
+    def request_size(self) -> int:
+        """How many candidate nodes to ask the drafter for this step (0: no draft, and the drafter
+        is not asked)."""
+
+    def choose(self, tree: DraftTree) -> int:
+        """How many of `tree`'s candidates to verify: a best-first prefix of them (at most
+        tree.n_draft); the tree's lookahead nodes come on top, whole."""
+
+    def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
+        """The step that verified `tree` (as cut to the choice) took `seconds` (drafting, verify,
+        commit); `path` (int32, root first) was accepted."""

@@ -22,6 +22,7 @@ import weakref
 
 from .budget import CostAwareBudget, as_budget_policy
 from .errors import ConfigError, describe
+from .loop import open_stream
 from .validate import positive_int
 
 
@@ -50,7 +51,9 @@ class Session:
                 callable(getattr(drafter, m, None)) for m in ("propose", "update", "finish"))):
             raise ConfigError(f"drafter: expected None, a name or a Drafter (start(prompt) returning a request, or "
                               f"propose/update/finish itself), got {describe(drafter)}")
-        self.drafter = drafter if drafter is not None else default_drafter(verifier)
+        if drafter is None:   # the default drafter's token index is sized by it: refuse a bad one now
+            positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None))
+        self._drafter = drafter   # None: the default, built on first use (a call naming its drafter builds none)
         self._named: dict = {}  # name -> drafter, for speculate(verifier, prompt, drafter="name")
         self.budget = budget
 
@@ -74,6 +77,30 @@ class Session:
                 session._verifier = weakref.ref(verifier)
             return session
 
+    @staticmethod
+    def resolve_for(verifier, drafter, budget):
+        """(drafter, budget policy) for a bare call `draftcore.speculate(verifier, ..., drafter=,
+        budget=)`: what the call names itself, and for None, a name or "auto" the verifier's own
+        session's (`Session.of(verifier).resolve`)."""
+        if drafter is None or isinstance(drafter, str) or budget is None or (isinstance(budget, str)
+                                                                            and budget == "auto"):
+            return Session.of(verifier).resolve(drafter, budget)
+        return drafter, as_budget_policy(budget)
+
+    @property
+    def drafter(self):
+        """The session's drafter: the one it was given, else DEFAULT_DRAFTER sized to the verifier's
+        vocabulary, built on first use."""
+        if self._drafter is None:
+            with self._sessions_lock:
+                if self._drafter is None:
+                    self._drafter = default_drafter(self.verifier)
+        return self._drafter
+
+    @drafter.setter
+    def drafter(self, drafter) -> None:
+        self._drafter = drafter
+
     @property
     def verifier(self):
         """The verifier this session serves."""
@@ -92,20 +119,19 @@ class Session:
             return drafter
 
     def speculate(self, prompt, **options):
-        """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`."""
-        from .speculate import speculate
-        return speculate(self.verifier, prompt, **self._resolved(options))
+        """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`:
+        a drafter or budget the call names overrides the session's; None, a name or "auto" is the
+        session's own."""
+        with self.stream(prompt, **options) as stream:
+            for _ in stream:
+                pass
+        return stream.result
 
-    def stream(self, prompt, **options):
+    def stream(self, prompt, drafter=None, budget=None, **options):
         """`draftcore.speculate_stream` with this session's drafter and budget."""
-        from .speculate import speculate_stream
-        return speculate_stream(self.verifier, prompt, **self._resolved(options))
-
-    def _resolved(self, options: dict) -> dict:
-        """`options` with drafter and budget resolved in this session (passed on as they are,
-        speculate would resolve None, names and "auto" in the verifier's default session)."""
-        drafter, budget = self.resolve(options.get("drafter"), options.get("budget"))
-        return {**options, "drafter": drafter, "budget": budget}
+        return open_stream(self.verifier, prompt, drafter=drafter, budget=budget, resolve=self.resolve,
+                           **{"max_new_tokens": 128, "eos_token_id": None, "stop_sequences": (), "sampling": None,
+                              "clock": None, **options})
 
     def resolve(self, drafter, budget):
         """(drafter, budget policy) for a call: None means this session's drafter, a name its drafter
@@ -123,7 +149,7 @@ class Session:
     def reset(self) -> None:
         """Forget what was learnt: a fresh default drafter (unless one was given) and budget."""
         if not self._custom_drafter:
-            self.drafter = default_drafter(self.verifier)
+            self._drafter = None   # a fresh default, built on next use
         self._named.clear()
         self.budget = CostAwareBudget() if self._budget_spec == "auto" else as_budget_policy(self._budget_spec)
 

@@ -72,9 +72,8 @@ class DraftTree:
         return tree
 
     def check(self, vocab_size: int | None = None) -> None:
-        """Raise InputError unless the tree is well formed (draftcore.checks.check_tree). For trees
-        from outside draftcore (a custom drafter); draftcore's own are valid by construction."""
-        from .checks import check_tree
+        """Raise InputError unless the tree is well formed (`check_tree`). For trees from outside
+        draftcore (a custom drafter); draftcore's own are valid by construction."""
         check_tree(self, vocab_size)
 
     @staticmethod
@@ -133,6 +132,39 @@ class DraftTree:
         m = self.n_candidates
         return DraftTree(self.tokens[:m], self.parents[:m], self.depths[:m],
                          None if self.scores is None else self.scores[:m], 0)
+
+    def leaf_counts(self) -> np.ndarray:
+        """int64[n_candidates + 1]: counts[m] is the number of leaves of the root, the first m - 1
+        candidates and the whole window, m = 1 .. n_candidates (index 0 unused). Adding candidate m
+        makes it a leaf, and its parent no longer one when m is the parent's first child."""
+        m_all = self.n_candidates
+        parents = self.parents[:m_all]
+        first_child = np.full(m_all, m_all, np.int64)
+        children = np.arange(m_all - 1, 0, -1)
+        first_child[parents[children]] = children  # reverse order: the lowest index is written last
+        added = np.ones(m_all, np.int64)
+        added[1:] -= first_child[parents[1:]] == np.arange(1, m_all)
+        counts = np.zeros(m_all + 1, np.int64)
+        counts[1:] = np.cumsum(added)
+        if self.n_lookahead:
+            window = self.parents[m_all:]
+            has_child = np.zeros(self.n_lookahead, bool)
+            inner = window[window >= m_all] - m_all
+            has_child[inner] = True
+            counts[1] -= 1                         # the root has the window below it: not a leaf
+            counts[1:] += int((~has_child).sum())
+        return counts
+
+    def fitted(self, n_draft: int, max_leaves: int | None) -> "DraftTree":
+        """`with_candidates(n_draft)`, cut further to the most candidates whose tree (the window
+        included) has at most `max_leaves` leaves (None: no limit; llama.cpp gives each leaf a
+        sequence id)."""
+        # Each candidate or window node adds at most one leaf (a root-only tree is one leaf): count
+        # leaves only when the tree could hold more than the verifier takes.
+        if max_leaves is not None and max(n_draft + self.n_lookahead, 1) > max_leaves:
+            fits = np.flatnonzero(self.leaf_counts()[1:n_draft + 2] <= max_leaves)   # 0 .. n_draft candidates
+            n_draft = min(n_draft, int(fits[-1]) if fits.size else 0)
+        return self.with_candidates(n_draft)
 
     # -- derived views --------------------------------------------------------------------------------
     def is_chain(self) -> bool:
@@ -202,3 +234,40 @@ def _int32_vector(name, value) -> np.ndarray:
         if low < limits.min or high > limits.max:
             raise InputError(f"{name}: expected int32 values, got {low if low < limits.min else high}")
     return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def check_tree(tree, vocab_size: int | None = None) -> DraftTree:
+    """Return `tree` if it is a well-formed DraftTree, else raise InputError: 1-D int32 arrays of
+    one length n >= 1; parents[0] == -1, depths[0] == 0, 0 <= parents[i] < i, depths[i] ==
+    depths[parents[i]] + 1; tokens in [0, vocab_size); scores None or float[n]; 0 <= n_lookahead < n
+    and every lookahead node's parent the root or a lookahead node."""
+    if not isinstance(tree, DraftTree):
+        raise InputError(f"tree: expected a draftcore.DraftTree, got {describe(tree)}")
+    for name in ("tokens", "parents", "depths"):
+        arr = getattr(tree, name)
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1 or arr.shape[0] == 0:
+            raise InputError(f"tree.{name}: expected a non-empty 1-D int32 array, got {describe(arr)}")
+    n = tree.tokens.shape[0]
+    if not tree.parents.shape == tree.depths.shape == (n,):
+        raise InputError(f"tree: arrays differ in length: tokens {tree.tokens.shape}, parents "
+                         f"{tree.parents.shape}, depths {tree.depths.shape}")
+    if tree.scores is not None and (not isinstance(tree.scores, np.ndarray) or tree.scores.shape != (n,)
+                                    or tree.scores.dtype.kind != "f"):
+        raise InputError(f"tree.scores: expected None or float32[{n}], got {describe(tree.scores)}")
+    n_lookahead = tree.n_lookahead
+    if isinstance(n_lookahead, bool) or not isinstance(n_lookahead, (int, np.integer)) or not 0 <= n_lookahead < n:
+        raise InputError(f"tree.n_lookahead: expected an int in [0, {n - 1}] (the root is never a lookahead "
+                         f"node), got {describe(n_lookahead)}")
+    upper = vocab_size if vocab_size is not None else np.iinfo(np.int32).max
+    K = kernels("draftcore.tree_kernels")
+    code, i = K.tree_error(tree.tokens, tree.parents, tree.depths, n_lookahead, upper)
+    if code == K.BAD_TOKEN:
+        raise InputError(f"tree.tokens: token id {int(tree.tokens[i])} (node {i}) is outside the vocabulary [0, {upper})")
+    if code == K.BAD_NODE:
+        raise InputError(
+            f"tree: malformed at node {i} (expected parents[0] == -1, 0 <= parents[i] < i, depths[0] == 0, "
+            f"depths[i] == depths[parents[i]] + 1): parent={int(tree.parents[i])}, depth={int(tree.depths[i])}")
+    if code == K.BAD_WINDOW:
+        raise InputError(f"tree: lookahead node {i} hangs below candidate {int(tree.parents[i])}; a lookahead "
+                         f"node's parent must be the root or another lookahead node (index >= {n - n_lookahead})")
+    return tree

@@ -30,7 +30,7 @@ def replay_demo() -> None:
 
 def main() -> int:
     try:
-        from draftcore.adapters.torch_hf.demo import run_demo
+        from draftcore.tools.backends.demo import run_demo
     except ImportError:
         replay_demo()
         return 0

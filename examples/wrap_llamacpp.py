@@ -61,7 +61,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if args.model is None:
-        from draftcore.adapters.llamacpp.bench import default_gguf
+        from draftcore.tools.backends.default_model import default_gguf
         args.model = default_gguf()
     # Your deployment. flash_attn=True keeps draftcore's output identical on quantized weights (on CPU,
     # llama.cpp's other attention path gives a batch of tokens different logits than one token).

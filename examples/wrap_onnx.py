@@ -17,8 +17,8 @@ import numpy as np
 
 import draftcore
 from draftcore.adapters.onnx import OrtVerifier
-from draftcore.adapters.onnx.bench import plain_greedy_run
 from draftcore.adapters.onnx.builds import genai_build, tree_export
+from draftcore.tools.backends.onnx import plain_greedy_run
 
 PROMPT = '''def is_palindrome(text: str) -> bool:
     """Return True if text reads the same forwards and backwards, ignoring case and spaces.
@@ -53,8 +53,8 @@ def main():
     args = parser.parse_args()
     from transformers import AutoTokenizer
     if args.model is None:
-        from draftcore.adapters.torch_hf.smollm2 import converted_folder
-        args.model = str(converted_folder())
+        from draftcore.tools.backends.default_model import default_hf_folder
+        args.model = default_hf_folder()
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     folders = [tree_export(args.model)]
     try:

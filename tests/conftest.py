@@ -24,11 +24,11 @@ def smollm2():
 @pytest.fixture
 def small_context_buffer(monkeypatch):
     """speculate's context buffer starts 16 tokens past the prompt instead of 1,024
-    (speculate._FIRST_CONTEXT) and doubles from there, so a request of a hundred new tokens grows it
+    (draftcore.loop._FIRST_CONTEXT) and doubles from there, so a request of a hundred new tokens grows it
     as a long generation does, without generating a thousand tokens on a CPU (tests/test_sharing.py
     crosses the real size with the toy verifier). Returns the list of sizes it grew to, so a test can
     show that its request crossed the first one."""
-    module = importlib.import_module("draftcore.speculate")
+    module = importlib.import_module("draftcore.loop")
     monkeypatch.setattr(module, "_FIRST_CONTEXT", 16)
     grown, grow = [], module._grown
 

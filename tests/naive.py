@@ -5,7 +5,7 @@ use dicts and lists, walk from the root instead of keeping a `front`, search lin
 keeping heaps and child lists, and share nothing with draftcore but the documented constants.
 
     NaiveTrie            the trie drafter's counting / pruning / elimination / retrieval rules, and
-                         a request's learning of the model's tokens (NaiveRequest.observe)
+                         a request's learning of the model's tokens (draftcore.tools.fixtures.naive_trie)
     naive_trie_contents  {token path: (PROMPT, OUTPUT, RECENT)} of a NaiveTrie
     pool_contents        the same mapping read from a TrieDrafter's node-pool arrays
     naive_child_order    {token path: child tokens in the order of the pool's child lists}
@@ -15,6 +15,10 @@ keeping heaps and child lists, and share nothing with draftcore but the document
     NaiveRowDrafter      RowDrafter's row bookkeeping and cost rule, with known request identities
     naive_would_accept   what each node of a proposal would have done, from the emitted tokens
     naive_expected_accepted  the auto budget's tree-consistent expected accepted tokens per prefix
+    naive_learn_outcomes     the auto budget's counting of a proposal's outcomes, and the prefix it
+                             would pick on the calibration alone
+    naive_count_verified     the composite's calibration counts from one verified tree
+    naive_count_outcomes     the composite's calibration counts from what the emitted tokens settle
 """
 from __future__ import annotations
 
@@ -22,588 +26,10 @@ import math
 
 import numpy as np
 
+# The trie's twin lives with the fixtures, where benchmarks/trie_speed.py times it too.
+from draftcore.tools.fixtures.naive_trie import NaiveTrie  # noqa: F401
+
 F32 = np.float32
-HEAP_CAPACITY = 1 << 12  # draftcore.drafters.trie_kernels.CANDIDATES: most candidates kept at once
-TOP_K = 64              # draftcore.drafters.trie_kernels.TOP_K: stage-0 candidates
-CAL_EDGES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 0.999)  # trie_kernels.CAL_EDGES: relative-weight bins
-CAL_ROWS = 13           # trie_kernels.CAL_ROWS: context lengths 0 .. 12
-CAL_CAP = 1024.0        # trie_kernels.CAL_CAP: a cell's counts halve on reaching this
-CAL_PRIOR = 2.0         # trie_kernels.CAL_PRIOR: prior candidates per cell, at the bin's centre
-PENDING = 16            # trie.py's _PENDING: drafts a request remembers for the calibration
-
-
-# -- the trie ---------------------------------------------------------------------------------------
-class Node:
-    """One trie node: children by token (in creation order), three float32 counts (PROMPT and
-    RECENT: the sums over requests in progress) and each request's own [PROMPT, RECENT]."""
-
-    __slots__ = ("token", "children", "prompt", "output", "recent", "own")
-
-    def __init__(self, token: int):
-        self.token = token
-        self.children: dict[int, Node] = {}
-        self.prompt = F32(0.0)
-        self.output = F32(0.0)
-        self.recent = F32(0.0)
-        self.own: dict[int, list] = {}  # request id -> [PROMPT, RECENT] of that request
-
-    def own_counts(self, request) -> list:
-        return self.own.setdefault(request.id, [F32(0.0), F32(0.0)])
-
-    def total(self):
-        return self.prompt + self.output  # float32 + float32, like the pool; RECENT does not count
-
-    def listed_children(self) -> list:
-        """Children in the order the pool's linked list holds them: newest first."""
-        return list(reversed(self.children.values()))
-
-    def size(self) -> int:
-        return 1 + sum(c.size() for c in self.children.values())
-
-
-class NaiveRequest:
-    """One request in progress on a NaiveTrie (NaiveTrie.open): update, propose, finish."""
-
-    def __init__(self, trie: "NaiveTrie", prompt, request_id: int):
-        self.trie, self.id = trie, request_id
-        self.stream = [int(t) for t in prompt]
-        self.n_prompt = self.n_counted = len(self.stream)
-        self.ended = False
-        self.proposals = []  # (stream length, (tokens, parents, depths, cells)) not learnt from yet
-        self.learnt = []     # snippets (prefix tail + the model's token) counted as this request's own, oldest first
-        self.context = None  # the context of the last propose, until its tree is observed
-
-    def update(self, tokens) -> None:
-        """Append tokens; like TrieRequest, they are counted at the next propose or at finish."""
-        assert not self.ended
-        self.stream += [int(t) for t in tokens]
-
-    def count(self) -> None:
-        trie = self.trie
-        begin, self.n_counted = self.n_counted, len(self.stream)
-        if trie.insert_output and begin < len(self.stream):
-            # Without prompt branches, branches that start inside the prompt are not counted at all.
-            first_start = 0 if trie.insert_prompt else self.n_prompt
-            trie._extend(self, self.stream, begin, len(self.stream), self.n_prompt, first_start)
-
-    def propose(self, context, budget: int):
-        assert not self.ended
-        self.count()
-        self.trie._learn(self, final=False)
-        draft = self.trie._draft(self, context, budget)
-        if self.trie.calibrated and len(context) == len(self.stream):
-            self.proposals.append((len(self.stream), (draft.tokens, draft.parents, draft.depths, draft.cells)))
-        self.context = [int(t) for t in context]
-        return draft.as_tuple()
-
-    def observe(self, tokens, parents, n_candidates, node_tokens, path) -> None:
-        """The model's token at each candidate off `path` (node_tokens[i] >= 0) continues that
-        candidate's prefix: count it as this request's own (NaiveTrie._learn_model)."""
-        assert not self.ended
-        if not self.trie.learn_from_model or self.context is None:
-            return
-        context, self.context = self.context, None
-        touched = []
-        for i in range(1, n_candidates):
-            if i in path or not 0 <= node_tokens[i] < self.trie.token_limit:
-                continue
-            prefix, node = [], i
-            while node > 0:
-                prefix.append(int(tokens[node]))
-                node = parents[node]
-            prefix = context + prefix[::-1]
-            self.trie._learn_model(self, prefix[-self.trie.learn_context:] + [int(node_tokens[i])], touched)
-        self.trie._sweep_touched(touched)
-
-    def finish(self) -> None:
-        if self.ended:
-            return
-        self.count()
-        trie = self.trie
-        trie._learn(self, final=True)
-        touched = []
-        for snippet in self.learnt:
-            trie._uncount_model(self, snippet, touched)
-        trie._sweep_touched(touched)
-        self.learnt = []
-        trie._end_request(self, self.stream, self.n_prompt if trie.insert_prompt else 0,
-                          keep_prompt=not trie.eliminate_prompt)
-        self.ended = True
-        trie.live.remove(self)
-
-
-class _NoRequest:
-    id = -1
-
-
-_NO_REQUEST = _NoRequest()
-
-
-class NaiveTrie:
-    """The trie drafter's rules, written the long way (see trie_kernels' module docstring).
-
-    Requests, any number at once: open(prompt) -> a NaiveRequest (update / propose / finish).
-    The one-request-at-a-time calls start(prompt) → update(tokens)* / propose(context, budget)* →
-    finish() drive one request of their own. propose returns (tokens, parents, depths, scores) as
-    lists; scores are np.float32.
-    """
-
-    def __init__(self, capacity: int, branch_length: int, max_match: int = 8, prompt_weight: float = 16.0,
-                 recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True, use_top: bool = True,
-                 layout: str = "hierarchical", insert_prompt: bool = True, insert_output: bool = True,
-                 eliminate_prompt: bool = True, heap_capacity: int = HEAP_CAPACITY, calibrate: bool = True,
-                 learn_from_model: bool = True, learn_context: int = 4, learn_capacity: int = 1024,
-                 token_limit: int = 1 << 18):
-        assert layout in ("hierarchical", "single")
-        self.capacity, self.branch_length, self.max_match = capacity, branch_length, max_match
-        self.prompt_weight, self.recent_weight = float(prompt_weight), float(recent_weight)
-        self.min_stage_nodes, self.fill, self.use_top = min_stage_nodes, fill, use_top
-        self.single = layout == "single"
-        self.insert_prompt, self.insert_output = insert_prompt, insert_output
-        self.eliminate_prompt = eliminate_prompt
-        self.heap_capacity = heap_capacity
-        self.learn_from_model, self.learn_context = learn_from_model, learn_context
-        self.learn_capacity, self.token_limit = learn_capacity, token_limit
-        self.calibrated = calibrate and fill and not self.single
-        edges = (0.0,) + CAL_EDGES + (1.0,)
-        # {(context length, bin): [candidates whose parent path came true, of them came true too]}
-        self.cal = {(m, b): [CAL_PRIOR, CAL_PRIOR * (edges[b] + edges[b + 1]) / 2]
-                    for m in range(CAL_ROWS) for b in range(len(CAL_EDGES) + 1)}
-        self.root = Node(-1)
-        self.n_nodes = 0
-        self.n_prunes = 0
-        self.live: list[NaiveRequest] = []
-        self.n_opened = 0
-        self.current: NaiveRequest | None = None
-
-    # -- requests ---------------------------------------------------------------------------------
-    def open(self, prompt) -> NaiveRequest:
-        request = NaiveRequest(self, prompt, self.n_opened)
-        self.n_opened += 1
-        self.live.append(request)
-        if self.insert_prompt:
-            self._extend(request, request.stream, 0, len(request.stream), request.n_prompt)
-        return request
-
-    def start(self, prompt) -> None:
-        if self.current is not None:
-            self.current.finish()
-        self.current = self.open(prompt)
-
-    def update(self, tokens) -> None:
-        self.current.update(tokens)
-
-    def propose(self, context, budget: int):
-        """The current request's draft, or, with none, a one-off draft that no request's own counts
-        weigh in (TrieDrafter.propose)."""
-        if self.current is None:
-            return self._propose(_NO_REQUEST, context, budget)
-        return self.current.propose(context, budget)
-
-    def finish(self) -> None:
-        if self.current is not None:
-            self.current.finish()
-        self.current = None
-
-    def warm_up(self, sequences) -> None:
-        """Each sequence: a finished request that was all output (whatever insert_output says)."""
-        for seq in sequences:
-            request = self.open([])
-            seq = [int(t) for t in seq]
-            request.stream = seq
-            request.n_counted = len(seq)
-            self._extend(request, seq, 0, len(seq), 0)
-            request.finish()
-
-    def node_count(self) -> int:
-        return self.n_nodes
-
-    def weight(self, node, request=None) -> float:
-        """w = prompt_weight * PROMPT + recent_weight * RECENT + OUTPUT, in float64 like the kernel:
-        PROMPT and RECENT the request's own, or (request None: stage 0) the sums over requests."""
-        if request is None:
-            prompt, recent = node.prompt, node.recent
-        else:
-            prompt, recent = node.own.get(request.id, (F32(0.0), F32(0.0)))
-        return self.prompt_weight * float(prompt) + self.recent_weight * float(recent) + float(node.output)
-
-    # -- counting ---------------------------------------------------------------------------------
-    def find(self, path):
-        """The node of a token path from the root, or None."""
-        node = self.root
-        for t in path:
-            node = node.children.get(int(t))
-            if node is None:
-                return None
-        return node
-
-    def _extend(self, request, stream, begin, end, n_prompt, first_start=0) -> None:
-        """Token p extends every branch that starts at s in (p - branch_length, p]: the node of
-        stream[s..p] gains one count of the branch's kind (PROMPT if s is in the prompt, else OUTPUT
-        and RECENT), if its parent (stream[s..p-1]) exists and a node can be had. Longer branches go
-        first (they get the last free nodes)."""
-        bl = self.branch_length
-        one = F32(1.0)
-        for p in range(begin, end):
-            if self.capacity - self.n_nodes < bl:
-                self._make_room(max(bl, self.capacity // 8))
-            token = stream[p]
-            for s in range(max(0, p - bl + 1), p + 1):
-                if s < first_start:
-                    continue
-                parent = self.find(stream[s:p])
-                if parent is None:
-                    continue  # no node for the branch so far (pool full, or pruned): nothing to extend
-                node = self._child_or_new(parent, token)
-                if node is None:
-                    continue
-                own = node.own_counts(request)
-                if s < n_prompt:
-                    node.prompt = F32(node.prompt + one)
-                    own[0] = F32(own[0] + one)
-                else:
-                    node.output = F32(node.output + one)
-                    node.recent = F32(node.recent + one)
-                    own[1] = F32(own[1] + one)
-
-    def _child_or_new(self, parent, token):
-        """parent's child holding `token`, created if missing and the pool has room; else None."""
-        node = parent.children.get(token)
-        if node is None and self.n_nodes < self.capacity:
-            node = parent.children[token] = Node(token)
-            self.n_nodes += 1
-        return node
-
-    def _all_nodes(self):
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
-    def _make_room(self, target: int) -> None:
-        """Halve every OUTPUT and RECENT count and prune, until `target` nodes are free, at most 64
-        times; give up early when a pass frees nothing and no OUTPUT count is 1 or more."""
-        half = F32(0.5)
-        for _ in range(64):
-            if self.capacity - self.n_nodes >= target:
-                return
-            largest = 0.0
-            for node in self._all_nodes():
-                node.output = F32(node.output * half)
-                node.recent = F32(node.recent * half)
-                for own in node.own.values():
-                    own[1] = F32(own[1] * half)
-                largest = max(largest, float(node.output))
-            freed = self._prune()
-            if freed == 0 and largest < 1.0:
-                return
-
-    def _prune(self) -> int:
-        """Free every node whose PROMPT + OUTPUT is below 1, with everything below it."""
-        freed = 0
-
-        def sweep(node):
-            nonlocal freed
-            for token, child in list(node.children.items()):
-                if child.total() < 1.0:
-                    freed += child.size()
-                    del node.children[token]
-            for child in node.children.values():
-                sweep(child)
-
-        sweep(self.root)
-        self.n_nodes -= freed
-        self.n_prunes += 1
-        return freed
-
-    def _end_request(self, request, stream, n_prompt, keep_prompt) -> None:
-        """Walk every branch of the request: a prompt branch gives back one of the request's own
-        PROMPT counts per node (not below 0; with keep_prompt it becomes an OUTPUT count), every
-        branch gives back the request's own RECENT; the sums lose what the request gave back. A
-        walk stops at a node whose PROMPT + OUTPUT fell below 1. Then, for each parent of such a
-        node that is still in the trie, every child below 1 is freed with everything below it
-        (a local prune: nothing else in the trie is looked at)."""
-        touched = []  # token paths of the parents
-        for s in range(len(stream)):
-            node = self.root
-            for q in range(s, min(s + self.branch_length, len(stream))):
-                node = node.children.get(stream[q])
-                if node is None:
-                    break
-                own = node.own.get(request.id)
-                if own is not None:
-                    if s < n_prompt:
-                        before = own[0]
-                        after = F32(max(float(before) - 1.0, 0.0))
-                        own[0] = after
-                        node.prompt = F32(max(float(node.prompt) - float(F32(before - after)), 0.0))
-                    if own[1] != 0.0:
-                        node.recent = F32(max(float(node.recent) - float(own[1]), 0.0))
-                        own[1] = F32(0.0)
-                    if own[0] == 0.0 and own[1] == 0.0:
-                        del node.own[request.id]
-                if s < n_prompt and keep_prompt:
-                    node.output = F32(node.output + F32(1.0))
-                if node.total() < 1.0:
-                    touched.append(stream[s:q])
-                    break
-        self._free_below_one(touched)
-        self.n_prunes += 1
-
-    # -- the model's tokens, learnt for one request -------------------------------------------------
-    def _learn_model(self, request, snippet, touched) -> None:
-        """Count one snippet (prefix tail, then the model's token t): after each suffix of the tail
-        whose node exists, t's node (created where missing and a node is free) gains one own PROMPT
-        count; the suffix node gains nothing. A full ring forgets its oldest first; when fewer than
-        learn_context nodes are free, room is made first (which frees every node below 1: what
-        `touched` holds so far is done with)."""
-        if len(request.learnt) == self.learn_capacity:
-            self._uncount_model(request, request.learnt.pop(0), touched)
-        if self.capacity - self.n_nodes < self.learn_context:
-            self._make_room(max(self.learn_context, self.capacity // 8))
-            touched.clear()
-        one, token = F32(1.0), snippet[-1]
-        for s in range(len(snippet) - 1):
-            parent = self.find(snippet[s:-1])
-            if parent is None:
-                continue
-            node = self._child_or_new(parent, token)
-            if node is None:
-                continue
-            own = node.own_counts(request)
-            node.prompt = F32(node.prompt + one)
-            own[0] = F32(own[0] + one)
-        request.learnt.append(list(snippet))
-
-    def _uncount_model(self, request, snippet, touched) -> None:
-        """Take one own PROMPT count (not below 0) from t's node after each suffix, where both
-        still stand; the suffix of a node that fell below 1 goes to `touched`."""
-        token = snippet[-1]
-        for s in range(len(snippet) - 1):
-            parent = self.find(snippet[s:-1])
-            node = None if parent is None else parent.children.get(token)
-            if node is None:
-                continue
-            own = node.own.get(request.id)
-            if own is not None:
-                before = own[0]
-                own[0] = after = F32(max(float(before) - 1.0, 0.0))
-                node.prompt = F32(max(float(node.prompt) - float(F32(before - after)), 0.0))
-                if own[0] == 0.0 and own[1] == 0.0:
-                    del node.own[request.id]
-            if node.total() < 1.0:
-                touched.append(snippet[s:-1])
-
-    def _sweep_touched(self, touched) -> None:
-        """Free the children below 1 of each touched path (one prune pass, when there is any)."""
-        if touched:
-            self._free_below_one(touched)
-            self.n_prunes += 1
-
-    def _free_below_one(self, paths) -> None:
-        """For each path still in the trie, free its children below 1 with everything below them."""
-        for path in paths:
-            parent = self.find(path)
-            if parent is None:
-                continue  # freed with an ancestor
-            for token, child in list(parent.children.items()):
-                if child.total() < 1.0:
-                    self.n_nodes -= child.size()
-                    del parent.children[token]
-
-    # -- retrieval --------------------------------------------------------------------------------
-    def _propose(self, request, context, budget: int):
-        """(tokens, parents, depths, scores) of the draft continuing `context` for `request`."""
-        return self._draft(request, context, budget).as_tuple()
-
-    def _draft(self, request, context, budget: int) -> "_Draft":
-        """The draft continuing `context` for `request`: stages from the longest matched suffix down
-        to 1 (then 0, the root's heaviest children, with use_top), one after another, or all at once
-        when calibrated."""
-        context = [int(t) for t in context]
-        if self.calibrated:
-            return self._all_stages(request, context, budget)
-        n = len(context)
-        out = _Draft(context[-1])
-        fallback = None
-        for m in range(min(self.max_match, n), -1 if self.use_top else 0, -1):
-            if len(out.tokens) > budget:
-                break
-            matched = self.root if m == 0 else self.find(context[n - m:])
-            if matched is None:
-                continue
-            if self.fill:
-                self._stage(request, matched, out, budget)
-            else:
-                stage = _Draft(context[-1])
-                self._stage(request, matched, stage, budget)
-                if len(stage.tokens) - 1 >= self.min_stage_nodes:
-                    return stage
-                if len(stage.tokens) > 1 and fallback is None:
-                    fallback = stage
-            if self.single and len(out.tokens) > 1:
-                break  # one branch, from one stage
-        return fallback or out
-
-    # -- calibrated retrieval ---------------------------------------------------------------------
-    def _cell(self, m_eff: int, ratio) -> tuple:
-        ratio = float(ratio)  # compared in float64, as the kernel does (a float32 0.02 is below 0.02)
-        return min(m_eff, CAL_ROWS - 1), sum(1 for edge in CAL_EDGES if ratio >= edge)
-
-    def _calibrated(self, score, m_eff: int, ratio):
-        """(score, cell): the parent's score times the cell's rate; 0 for a node of no weight."""
-        cell = self._cell(m_eff, ratio)
-        if ratio <= 0.0:
-            return F32(0.0), cell
-        offered, hits = self.cal[cell]
-        return F32(float(score) * (hits / offered)), cell
-
-    def _all_stages(self, request, context, budget: int) -> "_Draft":
-        """Every stage's first candidates in one list, scored by their cells' rates; best first,
-        ties by (draft parent, token, longer context); a taken node's children follow (not those
-        of stage 0)."""
-        n = len(context)
-        out = _Draft(context[-1])
-        candidates = []  # (score, draft parent, token, cell, trie node)
-
-        def order(c):
-            return (-c[0], c[1], c[2], -c[3][0], -c[3][1])
-
-        def offer(scored, node, draft_parent):
-            candidates.append((scored[0], draft_parent, node.token, scored[1], node))
-            if len(candidates) > self.heap_capacity:
-                candidates.remove(max(candidates, key=order))
-
-        for m in range(min(self.max_match, n), -1 if self.use_top else 0, -1):
-            if m == 0:
-                kids = list(self.root.children.values())
-                total = F32(sum(self.weight(c) for c in kids))
-                kids.sort(key=lambda c: (-self.weight(c), c.token))
-                for child in kids[:TOP_K]:
-                    if total > 0.0:
-                        offer(self._calibrated(F32(1.0), 0, F32(F32(self.weight(child)) / total)), child, 0)
-                continue
-            matched = self.find(context[n - m:])
-            if matched is None:
-                continue
-            w_matched = self.weight(matched, request)
-            if w_matched <= 0.0:
-                continue
-            for child in matched.listed_children():
-                offer(self._calibrated(F32(1.0), m, self.weight(child, request) / w_matched), child, 0)
-
-        while candidates and len(out.tokens) <= budget:
-            best = min(candidates, key=order)
-            candidates.remove(best)
-            score, draft_parent, token, cell, node = best
-            if score <= 0.0:
-                continue
-            d = out.find(draft_parent, token)
-            if d is None:
-                d = out.add(token, draft_parent, score, cell)
-            w_node = self.weight(node, request)
-            if w_node <= 0.0 or cell[0] == 0:
-                continue
-            for child in node.listed_children():
-                offer(self._calibrated(score, cell[0] + 1, self.weight(child, request) / w_node), child, d)
-        return out
-
-    def _learn(self, request, final: bool) -> None:
-        """What became of the request's remembered drafts, once the stream settles them (all when
-        final; the oldest as it stands while more than PENDING wait): a node whose parent's path
-        came true counts in its cell, and as a hit when its own token came true too."""
-        stream = request.stream
-        while request.proposals:
-            pos, (tokens, parents, depths, cells) = request.proposals[0]
-            known = len(stream) - pos
-            if not (final or len(request.proposals) > PENDING) and any(d > known for d in depths[1:]):
-                return
-            request.proposals.pop(0)
-            came_true = [True] + [False] * (len(tokens) - 1)
-            for i in range(1, len(tokens)):
-                if not came_true[parents[i]] or depths[i] > known:
-                    continue
-                hit = stream[pos + depths[i] - 1] == tokens[i]
-                counts = self.cal[cells[i]]
-                counts[0] += 1.0
-                counts[1] += 1.0 if hit else 0.0
-                if counts[0] >= CAL_CAP:
-                    counts[0] *= 0.5
-                    counts[1] *= 0.5
-                came_true[i] = hit
-
-    def _stage(self, request, matched, out, budget) -> None:
-        """Best-first over the sub-trie below `matched`: a child of the matched node scores
-        w(child) / w(matched), a deeper node its parent's score times w(node) / w(parent); ties by
-        (draft parent, token), w the request's own weight. Stage 0 (matched is the root): the TOP_K
-        heaviest root children by the weight over all requests, each scored w / (total weight of
-        the root's children), not expanded further. A node
-        already in the draft (same draft parent, same token) is reused."""
-        candidates = []  # (score, draft parent, token, trie node)
-
-        def order(c):
-            return (-c[0], c[1], c[2])  # best first
-
-        def offer(score, node, draft_parent):
-            candidates.append((score, draft_parent, node.token, node))
-            if len(candidates) > self.heap_capacity:  # a full list keeps its best
-                candidates.remove(max(candidates, key=order))
-
-        if matched is self.root:
-            kids = list(self.root.children.values())
-            total = F32(sum(self.weight(c) for c in kids))
-            kids.sort(key=lambda c: (-self.weight(c), c.token))
-            for child in kids[:TOP_K]:
-                if total > 0.0:
-                    offer(F32(F32(self.weight(child)) / total), child, 0)
-        else:
-            w_matched = self.weight(matched, request)
-            if w_matched <= 0.0:
-                return
-            for child in matched.listed_children():
-                offer(F32(self.weight(child, request) / w_matched), child, 0)
-
-        while candidates and len(out.tokens) <= budget:
-            best = min(candidates, key=order)
-            candidates.remove(best)
-            score, draft_parent, token, node = best
-            assert all(order(c) != order(best) for c in candidates), "two candidates tie in the order"
-            if score <= 0.0:
-                continue
-            d = out.find(draft_parent, token)
-            if d is None:
-                d = out.add(token, draft_parent, score)
-            if self.single:
-                candidates.clear()
-            w_node = self.weight(node, request)
-            if w_node <= 0.0 or matched is self.root:
-                continue
-            for child in node.listed_children():
-                offer(F32(float(score) * (self.weight(child, request) / w_node)), child, d)
-
-
-class _Draft:
-    def __init__(self, root: int):
-        self.tokens, self.parents, self.depths, self.scores = [root], [-1], [0], [F32(1.0)]
-        self.cells = [None]  # calibration cells (None: uncalibrated)
-
-    def find(self, parent, token):
-        for j in range(len(self.tokens)):
-            if self.parents[j] == parent and self.tokens[j] == token:
-                return j
-        return None
-
-    def add(self, token, parent, score, cell=None) -> int:
-        self.cells.append(cell)
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.depths.append(self.depths[parent] + 1)
-        self.scores.append(score)
-        return len(self.tokens) - 1
-
-    def as_tuple(self):
-        return self.tokens, self.parents, self.depths, self.scores
 
 
 # -- whole-trie comparisons -----------------------------------------------------------------------
@@ -633,9 +59,9 @@ def naive_child_order(trie: NaiveTrie) -> dict:
 
 
 def _pool_walk(state):
-    """Yield (path, node, child list) over a node pool (drafter._state, a trie_kernels.TrieState),
+    """Yield (path, node, child list) over a node pool (drafter.pool.state, a trie_pool_kernels.TrieState),
     root first (node -1, path ())."""
-    from draftcore.drafters.trie_kernels import CHILD, ROOT_FIRST, SIBLING, TOKEN
+    from draftcore.drafters.trie_pool_kernels import CHILD, ROOT_FIRST, SIBLING, TOKEN
     links, meta = state.links, state.meta
     capacity = links.shape[0]
 
@@ -657,8 +83,8 @@ def _pool_walk(state):
 
 
 def pool_contents(state) -> dict:
-    """{token path: (PROMPT, OUTPUT, RECENT)} read from a pool's arrays (drafter._state)."""
-    from draftcore.drafters.trie_kernels import OUTPUT, PROMPT, RECENT
+    """{token path: (PROMPT, OUTPUT, RECENT)} read from a pool's arrays (drafter.pool.state)."""
+    from draftcore.drafters.trie_pool_kernels import OUTPUT, PROMPT, RECENT
     freq = state.freq
     return {path: (float(freq[node, PROMPT]), float(freq[node, OUTPUT]), float(freq[node, RECENT]))
             for path, node, _ in _pool_walk(state) if node >= 0}
@@ -680,14 +106,14 @@ def naive_own_contents(trie: NaiveTrie, request) -> dict:
 
 def pool_own_contents(state, slot: int) -> dict:
     """The same read from a pool's `own` arrays (the request's slot)."""
-    from draftcore.drafters.trie_kernels import own_counts
+    from draftcore.drafters.trie_pool_kernels import own_counts
     own = own_counts(state, slot)
     return {path: (float(own[node, 0]), float(own[node, 1])) for path, node, _ in _pool_walk(state)
             if node >= 0 and (own[node, 0] != 0.0 or own[node, 1] != 0.0)}
 
 
 def pool_child_order(state) -> dict:
-    from draftcore.drafters.trie_kernels import TOKEN
+    from draftcore.drafters.trie_pool_kernels import TOKEN
     links = state.links
     return {path: tuple(int(links[c, TOKEN]) for c in kids) for path, _, kids in _pool_walk(state) if kids}
 
@@ -719,17 +145,17 @@ def naive_greedy_accept(tokens, parents, model_tokens):
         path.append(kids[0])
 
 
-# -- the n-gram drafters (draftcore.drafters.ngram_kernels) ----------------------------------------------
+# -- the n-gram drafters (draftcore.drafters.ngram_kernels, jacobi_kernels, merge_kernels) ---------------
 # Twins of the n-gram tables, the Jacobi window step and its n-gram pool, and the merge of draft trees,
-# written from ngram_kernels' module docstring with dicts and lists: no arrays, no "front" buffers.
+# written from those modules' docstrings with dicts and lists: no arrays, no "front" buffers.
 #
 #   NaiveNGramTables     the set-associative n-gram tables: insert / ingest / longest, contents()
 #   ngram_tables_rows    the same rows read from the kernels' `Tables` arrays
 #   naive_ngram_draft    ngram_kernels.draft: best-first over the tables' continuations
 #   NaivePool            the Jacobi n-gram pool: insert / lookup, contents()
 #   jacobi_pool_contents the same read from the kernels' `Pool` arrays
-#   naive_window_step    ngram_kernels.window_step: harvest, then the time and position shift
-#   naive_merge_trees    ngram_kernels.merge (draftcore.drafters.merge.merge_trees)
+#   naive_window_step    jacobi_kernels.window_step: harvest, then the time and position shift
+#   naive_merge_trees    merge_kernels.merge (draftcore.drafters.merge.merge_trees)
 
 NGRAM_WAYS = 4  # ngram_kernels.WAYS: rows per set
 _FNV_OFFSET = 14695981039346656037
@@ -955,7 +381,7 @@ def window_node_parent(l: int, j: int):
 
 
 def naive_window_step(window, n_levels: int, outs, pool: NaivePool):
-    """(new window as lists, new level count) after one verify, as ngram_kernels.window_step; `pool`
+    """(new window as lists, new level count) after one verify, as jacobi_kernels.window_step; `pool`
     (a NaivePool) receives the harvested n-grams. window: (N - 1) x W tokens, its first n_levels
     levels in use; outs: n_levels x W, the model's token at each window node, -1: not evaluated."""
     old = [[int(t) for t in level] for level in window]
@@ -1004,7 +430,7 @@ def naive_window_step(window, n_levels: int, outs, pool: NaivePool):
 
 def naive_merge_trees(root: int, tokens, parents, priority, sources, budget: int):
     """(tokens, parents, depths, scores, source bits, each input node's index) of
-    ngram_kernels.merge: the union of the trees' token paths (concatenated trees, parents -1 under
+    merge_kernels.merge: the union of the trees' token paths (concatenated trees, parents -1 under
     the root); a path's priority is the least along it of the best priority any tree gives each of
     its prefixes; best first (ties: the order in which paths first appear), cut to `budget`
     candidates; an input node's index is its path's in the result, -1 where the cut dropped it."""
@@ -1171,3 +597,74 @@ def naive_expected_accepted(p, parents, k: int) -> float:
         total = sum(p[j] for j in siblings)
         q[i] = p[i] * min(1.0, q[int(parents[i])] / total)
     return sum(q[i] for i in range(1, k + 1))
+
+
+def naive_learn_outcomes(offered, accepted, probability, cells, outcome, verified: int, parents, n: int, sizes,
+                         seconds):
+    """The auto budget's use of a proposal's outcomes, from its definition: the candidates after the
+    first `verified` whose outcome is known (0 or 1) count once offered and `outcome` times accepted
+    in their cell, and a cell counted reads accepted / offered. Returns (offered, accepted,
+    probability) as new lists and (expected, hits): where the menu size (entries of `sizes` up to n
+    nodes) with the best (1 + expected accepted) / seconds, the first of equals, holds more than
+    `verified` candidates whose outcomes are all known, its expected accepted candidates and how
+    many came true; else (-1.0, 0.0), as with no sizes."""
+    offered, accepted, probability = list(offered), list(accepted), list(probability)
+    for i in range(verified + 1, n):
+        if outcome[i] in (0, 1):
+            cell = int(cells[i])
+            offered[cell] += 1.0
+            accepted[cell] += float(outcome[i])
+            probability[cell] = accepted[cell] / offered[cell]
+    if len(sizes) == 0:
+        return offered, accepted, probability, (-1.0, 0.0)
+    p = [1.0] + [probability[int(cells[i])] for i in range(1, n)]
+    values = [(1.0 + naive_expected_accepted(p, parents, int(size) - 1)) / seconds[j]
+              for j, size in enumerate(sizes) if size <= n]
+    k = int(sizes[values.index(max(values))]) - 1
+    if k <= verified or any(outcome[i] not in (0, 1) for i in range(1, k + 1)):
+        return offered, accepted, probability, (-1.0, 0.0)
+    hits = sum(int(outcome[i]) for i in range(1, k + 1))
+    return offered, accepted, probability, (naive_expected_accepted(p, parents, k), float(hits))
+
+
+def _faded(counts, prior, keep: float) -> list:
+    """Counts (rows of lists) one step closer to their prior: prior + keep * (count - prior)."""
+    return [[prior[s][b] + keep * (counts[s][b] - prior[s][b]) for b in range(len(counts[s]))]
+            for s in range(len(counts))]
+
+
+def naive_count_verified(offered, accepted, prior_offered, prior_accepted, keep: float, source, score_bin, index,
+                         m: int, path):
+    """The composite's counts after one verified tree of m nodes, from the definition: faded one
+    step, then every input node that landed among the verified candidates (merged index 1 .. m-1)
+    offered once to its (source, score bin) and, where its merged node is on the accepted `path`,
+    accepted once. Returns (offered, accepted) as lists of rows."""
+    offered = _faded(offered.tolist(), prior_offered.tolist(), keep)
+    accepted = _faded(accepted.tolist(), prior_accepted.tolist(), keep)
+    on_path = {int(node) for node in path}
+    for i in range(len(index)):
+        if int(index[i]) in range(1, m):
+            s, b = int(source[i]), int(score_bin[i])
+            offered[s][b] += 1.0
+            if int(index[i]) in on_path:
+                accepted[s][b] += 1.0
+    return offered, accepted
+
+
+def naive_count_outcomes(offered, accepted, prior_offered, prior_accepted, keep: float, source, score_bin, index,
+                         parents, tokens, emitted):
+    """The composite's counts after the `emitted` tokens settle a merged proposal (`tokens`,
+    `parents`, its node 0 the root), from the definition: faded one step, then every input node that
+    landed on a candidate of the proposal whose outcome the tokens settle (naive_would_accept: 1 or
+    0) offered once to its (source, score bin) and, where it came true, accepted once. Returns
+    (offered, accepted) as lists of rows."""
+    offered = _faded(offered.tolist(), prior_offered.tolist(), keep)
+    accepted = _faded(accepted.tolist(), prior_accepted.tolist(), keep)
+    outcome = naive_would_accept(tokens, parents, emitted)
+    for i in range(len(index)):
+        node = int(index[i])
+        if node in range(1, len(tokens)) and outcome[node] in (0, 1):
+            s, b = int(source[i]), int(score_bin[i])
+            offered[s][b] += 1.0
+            accepted[s][b] += float(outcome[node])
+    return offered, accepted

@@ -36,11 +36,11 @@ def plain_greedy(verifier, prompt, n_new):
 
 
 def save_tiny_llama(folder, *, seed: int = 0, vocab_size: int = 512, **options):
-    """Save tests/tiny_llama.py's model with a word-level tokenizer ("t0" .. "t{vocab-1}"); return the model."""
+    """Save draftcore.tools.fixtures.tiny_llama's model with a word-level tokenizer ("t0" .. "t{vocab-1}"); return the model."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from tiny_llama import tiny_llama
+    from draftcore.tools.fixtures.tiny_llama import tiny_llama
 
     model = tiny_llama(seed, vocab_size=vocab_size, **options)
     folder = Path(folder)

@@ -86,7 +86,7 @@ def test_rounds_report_each_runs_median_round_and_start_every_dataset_afresh():
 def test_each_round_restarts_the_bare_calls_session():
     """The bare call keeps its session's trie across prompts and datasets (what a user gets), but a
     new round must not draft from the previous round's outputs: each round restarts it."""
-    from toy import ToyModel, ToyVerifier
+    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
 
     from draftcore.session import Session
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
@@ -120,7 +120,7 @@ def test_sampled_methods_are_compared_with_nothing():
 
 
 def test_draftcore_method_keeps_the_trie_per_dataset_and_counts_backend_forwards():
-    from toy import ToyModel, ToyVerifier, plain_greedy
+    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
     method = draftcore_method("dc", verifier, lambda: 4, count_forwards=lambda: verifier.n_verify)
@@ -141,7 +141,7 @@ def test_draftcore_method_keeps_the_trie_per_dataset_and_counts_backend_forwards
 
 def test_bare_call_method_learns_in_the_verifiers_session_across_datasets():
     import draftcore
-    from toy import ToyModel, ToyVerifier, plain_greedy
+    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
     method = bare_call_method("bare", verifier)

@@ -5,11 +5,18 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from draftcore import CostAwareBudget, DraftTree
-from draftcore.budget import FixedBudget, LookaheadProbe, _menu
+from draftcore.budget import FixedBudget, LookaheadProbe
+from draftcore.budget.calibration import RANKS
+from draftcore.budget.costs import menu
 from draftcore.errors import ConfigError
+from draftcore.jit import kernels
+from draftcore.protocols import BudgetPolicy
 from draftcore.validate import max_tree_nodes
+from naive import naive_learn_outcomes
 
 # seconds per verify by tree size: 3 nodes cost more than 4 (as MKL's small matrix kernels do)
 COST = {1: 1.0, 2: 1.6, 3: 1.9, 4: 1.3, 5: 1.35, 6: 1.4, 8: 1.6, 12: 1.9, 16: 2.3, 24: 3.0, 32: 3.8,
@@ -81,36 +88,37 @@ def test_sizes_verified_are_on_the_menu():
 
 
 def test_menu():
-    assert list(_menu(1)) == [1]
-    assert list(_menu(65)) == [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 65]
+    assert list(menu(1)) == [1]
+    assert list(menu(65)) == [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 65]
 
 
 def test_off_menu_sizes_teach_no_cost():
     policy = CostAwareBudget()
     policy.observe(chain(6, 0.5), np.arange(1, dtype=np.int32), 9.0)   # 7 nodes: not on the menu
-    assert all(np.isnan(c).all() for c in policy._cost.values())
+    assert all(np.isnan(c).all() for c in policy._costs.measured.values())
 
 
 def test_a_window_is_priced_whole_and_never_cut():
     """With a 30-node window every step verifies the whole window; the cost learnt for k candidates
     is the cost of k + 1 + 30 nodes, and the window never enters the acceptance calibration."""
     policy = CostAwareBudget()
-    offered_before = policy._offered.sum()
+    offered_before = policy._calibration.offered.sum()
     drive(policy, 300, n_accepted=3, window=30)   # drive() asserts the window is always whole
-    measured = {int(s): c for s, c in zip(policy.sizes, policy._cost[30]) if not np.isnan(c)}
+    measured = {int(s): c for s, c in zip(policy.sizes, policy._costs.measured[30]) if not np.isnan(c)}
     assert measured and all(c == pytest.approx(cost_of(s + 30)) for s, c in measured.items())
-    assert 0 not in policy._cost or np.isnan(policy._cost[0]).all()  # nothing was priced without the window
+    # nothing was priced without the window
+    assert 0 not in policy._costs.measured or np.isnan(policy._costs.measured[0]).all()
     # 300 steps offered at most 300 * 64 candidate nodes and never a lookahead node (scores 0 there
     # would pile up in bin 0: check that bin stays at its prior).
-    assert policy._offered[0].sum() == pytest.approx(2.0 * policy._RANKS)
-    assert policy._offered.sum() > offered_before
+    assert policy._calibration.offered[0].sum() == pytest.approx(2.0 * RANKS)
+    assert policy._calibration.offered.sum() > offered_before
 
 
 def test_windows_of_different_sizes_keep_separate_costs():
     policy = CostAwareBudget()
     drive(policy, 60, n_accepted=2, window=10)
     drive(policy, 60, n_accepted=2)
-    assert set(policy._cost) == {0, 10}
+    assert set(policy._costs.measured) == {0, 10}
     assert policy.cost(4, 10) > policy.cost(4, 0)
 
 
@@ -169,7 +177,7 @@ def test_a_budget_larger_than_one_verify_holds_is_refused_naming_the_limit(build
 
 
 def test_auto_budget_is_kept_per_verifier_across_calls():
-    from toy import ToyModel, ToyVerifier
+    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
 
     import draftcore
 
@@ -178,7 +186,7 @@ def test_auto_budget_is_kept_per_verifier_across_calls():
     draftcore.speculate(first, prompt, max_new_tokens=20, budget="auto")
     policy = draftcore.Session.of(first).budget
     steps_after_one = policy._step
-    assert steps_after_one > 0 and not np.isnan(policy._cost[0][0])   # it measured while it ran
+    assert steps_after_one > 0 and not np.isnan(policy._costs.measured[0][0])   # it measured while it ran
     draftcore.speculate(first, prompt, max_new_tokens=20)              # the bare call: the same budget
     assert draftcore.Session.of(first).budget is policy and policy._step > steps_after_one  # and carried on
     assert draftcore.Session.of(second).budget is not policy and draftcore.Session.of(second).budget._step == 0
@@ -322,7 +330,7 @@ def test_trial_steps_zero_never_pauses():
 
 
 def test_a_paused_step_never_asks_the_drafter_and_changes_no_output():
-    from toy import ToyModel, ToyVerifier, plain_greedy
+    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     import draftcore
     from draftcore.drafters import TrieDrafter
@@ -371,7 +379,7 @@ def test_exploration_skips_a_neighbour_worth_less_than_half_the_choice():
         policy.observe(tree.with_candidates(size - 1), np.zeros(1, np.int32), 2.5 * size - 1.5)
     choices = []
     for _ in range(200):
-        policy._next_explore = policy._step   # an exploration due at every step
+        policy._explore.next_step = policy._step   # an exploration due at every step
         choices.append(policy.choose(tree))
         policy.observe(DraftTree.root_only(7), np.zeros(1, np.int32), 1.0)
     assert set(choices) == {0}   # 1 candidate: 1.025 tokens for 3.5 steps' time, never re-measured
@@ -380,7 +388,7 @@ def test_exploration_skips_a_neighbour_worth_less_than_half_the_choice():
         cheap.observe(tree.with_candidates(size - 1), np.zeros(1, np.int32), 1.0 + 0.05 * size)
     explored = []
     for _ in range(20):
-        cheap._next_explore = cheap._step
+        cheap._explore.next_step = cheap._step
         explored.append(cheap.choose(tree))
         cheap.observe(DraftTree.root_only(7), np.zeros(1, np.int32), 1.0)
     assert 1 in explored   # a neighbour nearly as good is re-measured
@@ -396,7 +404,7 @@ def test_one_slow_step_cannot_make_no_draft_look_dearer_than_a_draft():
             policy.observe(tree.with_candidates(size - 1), np.zeros(1, np.int32), 2.0 * size - 1.0)
     policy.observe(DraftTree.root_only(7), np.zeros(1, np.int32), 8.0)
     assert policy.cost([1])[0] <= 1.2 + 1e-9   # 0.8 * 1 + 0.2 * min(8, 2 * 1)
-    policy._next_explore = 1 << 30
+    policy._explore.next_step = 1 << 30
     assert policy.choose(tree) == 0
 
 
@@ -415,3 +423,42 @@ def test_proposals_that_draft_nothing_are_mostly_skipped_where_asking_costs():
     assert sum(asked[2000:]) >= 0.95 * 1000, sum(asked[2000:])
     busy = drive_with_pauses(CostAwareBudget(), 2000, n_accepted=3, drafting_seconds=0.04)
     assert sum(busy[100:]) >= 0.98 * 1900, sum(busy[100:])   # the pause trials, a few steps each
+
+
+def test_both_budgets_keep_the_policy_contract():
+    assert isinstance(FixedBudget(4), BudgetPolicy) and isinstance(CostAwareBudget(), BudgetPolicy)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_learn_outcomes_matches_its_naive_twin(seed):
+    """budget_kernels.learn_outcomes against naive_learn_outcomes: random trees, cells, outcomes (some
+    unknown), verified prefixes, menus and step costs (sometimes none measured: empty sizes)."""
+    K = kernels("draftcore.budget_kernels")
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        n = int(rng.integers(2, 40))
+        chainy = rng.random()
+        parents = np.r_[-1, [i - 1 if rng.random() < chainy else rng.integers(0, i) for i in range(1, n)]]
+        parents = parents.astype(np.int32)
+        n_cells = int(rng.integers(1, 30))
+        cells = rng.integers(0, n_cells, n)
+        offered = rng.uniform(1.0, 10.0, n_cells)
+        accepted = offered * rng.random(n_cells)
+        probability = rng.random(n_cells)   # stale where not counted: only counted cells are refreshed
+        if rng.random() < 0.3:   # a coarse calibration: equal values, ties between sizes (never 0: the prior)
+            probability = rng.choice([0.25, 0.5, 1.0], n_cells)
+        outcome = rng.choice(np.array([-1, 0, 1], np.int8), n, p=rng.dirichlet([1, 1, 1])).astype(np.int8)
+        outcome[0] = 1
+        verified = int(rng.integers(0, n if rng.random() < 0.5 else 2))
+        sizes = menu(int(rng.integers(1, 70)))
+        if rng.random() < 0.1:
+            sizes = sizes[:0]
+        growth = rng.uniform(0.0, 1.0, sizes.shape[0]) * (rng.random(sizes.shape[0]) < rng.random())
+        seconds = np.cumsum(growth) + rng.uniform(0.1, 2.0)   # sometimes flat: sizes that cost the same
+        want_offered, want_accepted, want_probability, want = naive_learn_outcomes(
+            offered, accepted, probability, cells, outcome, verified, parents, n, sizes, seconds)
+        got = K.learn_outcomes(offered, accepted, probability, cells, outcome, verified, parents, n, sizes, seconds)
+        assert offered.tolist() == want_offered and accepted.tolist() == want_accepted
+        assert probability.tolist() == want_probability
+        assert got[1] == want[1] and got[0] == pytest.approx(want[0], rel=1e-12, abs=1e-12), (got, want)

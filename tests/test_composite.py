@@ -16,6 +16,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import draftcore
 import draftcore.acceptance
@@ -25,10 +27,11 @@ from draftcore.drafters.composite import CompositeDrafter
 from draftcore.drafters.jacobi import JacobiDrafter
 from draftcore.drafters.merge import merge_trees
 from draftcore.drafters.ngram import NGramDrafter
-from naive import jacobi_pool_contents, naive_merge_trees
+from draftcore.jit import kernels
+from naive import jacobi_pool_contents, naive_count_outcomes, naive_count_verified, naive_merge_trees
 from naive_sampling import VARIANTS, goodness_of_fit, naive_sample_step
 from test_sharing import assert_threads_match_plain, prompts, tiny_switch_interval  # noqa: F401 - a fixture
-from toy import ToyModel, ToyVerifier, plain_greedy
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
 VOCAB = 24
 
@@ -175,7 +178,7 @@ def tiny_hf():
     pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from draftcore.adapters.torch_hf import HFVerifier
-    from tiny_llama import tiny_llama
+    from draftcore.tools.fixtures.tiny_llama import tiny_llama
     model = tiny_llama(seed=0)
     return model, HFVerifier(model)
 
@@ -211,7 +214,7 @@ def llamacpp_tiny(tmp_path_factory):
     pytest.importorskip("transformers")
     import llama_cpp
     from draftcore.adapters.llamacpp import LlamaCppVerifier
-    from gguf_writer import write_tiny_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
     from test_llamacpp_verifier import EXACT, F32, VOCAB as LLAMA_VOCAB
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_tiny_llama_gguf(path, seed=0, vocab_size=LLAMA_VOCAB)
@@ -443,6 +446,64 @@ def test_composite_calibration_counts_every_proposed_node_the_emitted_tokens_set
     request.update(np.array([c], np.int32))   # a later update settles nothing more: one step's tokens judge it
     np.testing.assert_array_equal(request.offered, before)
     request.finish()
+
+
+def random_counts(rng, n_sources: int, n_bins: int = 20):
+    """(offered, accepted, prior_offered, prior_accepted, keep): a composite calibration's counts."""
+    offered = rng.uniform(0.5, 50.0, (n_sources, n_bins))
+    prior = np.full((n_sources, n_bins), 2.0)
+    return offered, offered * rng.random((n_sources, n_bins)), prior, prior * rng.random((n_sources, n_bins)), \
+        float(rng.choice([1.0, 0.9, rng.uniform(0.5, 1.0)]))
+
+
+def random_merge_record(rng, n_merged: int, n_sources: int):
+    """(source, score_bin, index) of a few input nodes, as merge_sources records them: each input
+    node's source, score bin and index in the merged tree (-1: cut; sometimes past its end)."""
+    n_in = int(rng.integers(0, 2 * n_merged + 3))
+    index = rng.integers(-1, n_merged + 2, n_in).astype(np.int32)
+    return rng.integers(0, n_sources, n_in).astype(np.int32), rng.integers(0, 20, n_in), index
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_count_verified_matches_its_naive_twin(seed):
+    K = kernels("draftcore.drafters.composite_kernels")
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        n_sources, n = int(rng.integers(1, 4)), int(rng.integers(1, 30))
+        parents = np.r_[-1, [rng.integers(0, i) for i in range(1, n)]].astype(np.int32)
+        m = int(rng.integers(1, n + 1))   # the policy verified the first m nodes
+        path = [0]
+        while rng.random() < 0.7 and any(parents[j] == path[-1] for j in range(1, m)):
+            path.append(int(rng.choice([j for j in range(1, m) if parents[j] == path[-1]])))
+        path = np.array(path, np.int32)
+        counts = random_counts(rng, n_sources)
+        source, score_bin, index = random_merge_record(rng, n, n_sources)
+        offered, accepted = counts[0].copy(), counts[1].copy()
+        want = naive_count_verified(*counts, source, score_bin, index, m, path)
+        K.count_verified(offered, accepted, *counts[2:], source, score_bin, index, m, path)
+        np.testing.assert_allclose(offered, want[0], rtol=1e-12)
+        np.testing.assert_allclose(accepted, want[1], rtol=1e-12)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_count_outcomes_matches_its_naive_twin(seed):
+    K = kernels("draftcore.drafters.composite_kernels")
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        n_sources, n, vocab = int(rng.integers(1, 4)), int(rng.integers(1, 30)), int(rng.integers(2, 5))
+        parents = np.r_[-1, [rng.integers(0, i) for i in range(1, n)]].astype(np.int32)
+        tree = DraftTree.build(rng.integers(0, vocab, n), parents)
+        emitted = rng.integers(0, vocab, int(rng.integers(0, 6))).astype(np.int32)   # few tokens: many agree
+        counts = random_counts(rng, n_sources)
+        source, score_bin, index = random_merge_record(rng, n, n_sources)
+        offered, accepted = counts[0].copy(), counts[1].copy()
+        want = naive_count_outcomes(*counts, source, score_bin, index, tree.parents, tree.tokens, emitted)
+        K.count_outcomes(offered, accepted, *counts[2:], source, score_bin, index, tree.parents, tree.depths,
+                         tree.tokens, emitted)
+        np.testing.assert_allclose(offered, want[0], rtol=1e-12)
+        np.testing.assert_allclose(accepted, want[1], rtol=1e-12)
 
 
 class WindowDroppingBudget:

@@ -311,7 +311,7 @@ def test_a_planted_wrong_rule_is_caught(tiny, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["humaneval", "mtbench"])
 def test_smollm2_drop_in_equals_generate(smollm2, dataset):
-    from draftcore.adapters.torch_hf.bench import load_prompts
+    from draftcore.tools.backends.hf import load_prompts
     from test_hf_verifier import assert_same_greedy
 
     model, tokenizer, verifier = smollm2

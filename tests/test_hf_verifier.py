@@ -28,7 +28,7 @@ from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf.kv_cache import cache_keyword  # noqa: E402
 from draftcore.adapters.torch_hf.selfcheck import check_tree_attention  # noqa: E402
 from draftcore.selfcheck import N_POSITIONS  # noqa: E402
-from tiny_llama import tiny_llama  # noqa: E402
+from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 from transformers import DynamicCache, LlamaForCausalLM  # noqa: E402
 
 FP32_ATOL = 1e-4
@@ -818,7 +818,7 @@ def test_bench_counts_every_forward_split_head_included():
     """The HF harness counts steps with a hook that also sees split-head verifies: plain greedy
     takes one forward per token, draftcore one per speculate step. The hook lives only while a
     run executes: none stays on the model."""
-    from draftcore.adapters.torch_hf.bench import METHODS, make_methods
+    from draftcore.tools.backends.hf import METHODS, make_methods
 
     assert METHODS == ("plain", "prompt_lookup", "nodraft", "bare", "trie")
     model = tiny_llama(seed=0)
@@ -847,7 +847,7 @@ def test_bench_counts_every_forward_split_head_included():
 def test_bench_runs_any_drafter_with_a_fixed_budget_by_name():
     """"DRAFTER-fixedN": that drafter, FixedBudget(N): every step verifies at most N drafted nodes,
     and the output is plain greedy's."""
-    from draftcore.adapters.torch_hf.bench import make_methods
+    from draftcore.tools.backends.hf import make_methods
 
     model = tiny_llama(seed=0)
     plain, ngram = make_methods(model, None, names=("plain", "ngram-fixed3"), eos_token_id=1)
@@ -862,7 +862,7 @@ def test_bench_runs_any_drafter_with_a_fixed_budget_by_name():
 
 
 def test_bench_removes_its_hook_when_a_run_fails():
-    from draftcore.adapters.torch_hf.bench import make_methods
+    from draftcore.tools.backends.hf import make_methods
 
     model = tiny_llama(seed=0)
     (plain,) = make_methods(model, None, names=("plain",), eos_token_id=1)
@@ -872,7 +872,7 @@ def test_bench_removes_its_hook_when_a_run_fails():
 
 
 def test_bench_load_tokenizer_reads_an_hf_folder(tmp_path):
-    from draftcore.adapters.torch_hf.bench import load_tokenizer
+    from draftcore.tools.backends.hf import load_tokenizer
     from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
     try:
         packaged_gguf()

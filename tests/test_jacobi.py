@@ -14,13 +14,13 @@ import pytest
 
 import draftcore
 from draftcore import ConfigError, DraftTree, InputError
-from draftcore.drafters import ngram_kernels
+from draftcore.drafters import jacobi_kernels
 from draftcore.drafters.jacobi import JacobiDrafter, JacobiRequest
 from draftcore.jit import kernels
 from naive import NaivePool, jacobi_pool_contents, naive_window_step, window_node_parent
-from toy import ToyModel, ToyVerifier
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
 
-K = kernels("draftcore.drafters.ngram_kernels")
+K = kernels("draftcore.drafters.jacobi_kernels")
 
 
 # -- the pool and the window step against the twin --------------------------------------------------------
@@ -231,7 +231,7 @@ def test_harvested_ngrams_follow_the_model(window, levels):
 
 @pytest.mark.parametrize("window, levels", [(4, 4), (3, 3)])
 def test_planted_wrong_window_mask_is_caught(monkeypatch, window, levels):
-    monkeypatch.setattr(ngram_kernels, "window_parents", planted_window_parents)
+    monkeypatch.setattr(jacobi_kernels, "window_parents", planted_window_parents)
     request = JacobiDrafter(window=window, levels=levels).start(np.arange(8, dtype=np.int32))
     request.n_levels = levels - 1
     request.with_window(DraftTree.root_only(7)).check()  # the planted mask is a valid tree

@@ -28,7 +28,7 @@ PROMPTS = [[1, 300, 301, 302, 303, 300, 301, 302, 303, 300, 301],
 def tiny_gguf(tmp_path_factory):
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
-    from gguf_writer import write_tiny_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
     path = tmp_path_factory.mktemp("gguf-draft") / "tiny.gguf"
     write_tiny_llama_gguf(path, seed=0, vocab_size=512)
     return str(path)
@@ -67,6 +67,23 @@ def test_a_fixed_budget_and_a_shared_trie_still_equal_plain(tiny_gguf):
         for prompt in PROMPTS + PROMPTS[:1]:
             assert completion(spec, prompt) == completion(plain, prompt)
         assert draft_model.steps > 0 and draft_model.drafted_tokens > 0
+
+
+def test_drafters_by_name_need_nothing_but_the_text():
+    """The menu's text drafters, "composite" built without its Jacobi window (this loop reports no
+    model outputs to feed one), and, once the tooling has registered them, the variants without one."""
+    from draftcore.drafters import CompositeDrafter, NGramDrafter
+    import draftcore.tools.variants  # noqa: F401
+
+    assert isinstance(DraftcoreDraftModel("trie").drafter, TrieDrafter)
+    assert isinstance(DraftcoreDraftModel("ngram").drafter, NGramDrafter)
+    for name in ("composite", "composite-nowindow"):
+        drafter = DraftcoreDraftModel(name).drafter
+        assert isinstance(drafter, CompositeDrafter) and drafter.window is False and drafter.jacobi is None
+    assert DraftcoreDraftModel("ngram-paper").drafter.branching == 1
+    for name in ("jacobi", "jacobi-paper", "no-such-drafter"):
+        with pytest.raises(ConfigError, match=f"drafter: .*'{name}'"):
+            DraftcoreDraftModel(name)
 
 
 def test_bad_arguments_and_concurrent_use_are_refused():
@@ -172,7 +189,7 @@ def test_max_draft_tokens_is_bounded_by_one_batch():
 
 @pytest.fixture(scope="module")
 def packaged_gguf():
-    bench = pytest.importorskip("draftcore.adapters.llamacpp.bench")
+    bench = pytest.importorskip("draftcore.tools.backends.llamacpp")
     try:
         return bench.default_gguf()
     except DraftcoreError as exc:
@@ -209,7 +226,7 @@ def test_inexact_batches_are_warned_about_once(packaged_gguf):
 @pytest.fixture(scope="module")
 def smollm2_f32_gguf(smollm2, tmp_path_factory):
     from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
-    from gguf_writer import write_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
     return str(write_llama_gguf(smollm2[0], tmp_path_factory.mktemp("smol-f32") / "smollm2-f32.gguf",
                                 tokenizer_from=packaged_gguf()))
 

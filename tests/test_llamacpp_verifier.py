@@ -1,7 +1,7 @@
 """llama.cpp backend: tree verify, commit and the chain fallback, on an exact float32 fixture.
 
 The fixture is a tiny random Llama held twice with the same weights: in HF (fp32) and in llama.cpp
-(F32 GGUF written by tests/gguf_writer.py, f32 KV cache, no flash attention). A multi-token forward
+(F32 GGUF written by draftcore/tools/fixtures/gguf_writer.py, f32 KV cache, no flash attention). A multi-token forward
 never gives bit-identical logits to single-token ones (docs/design.md, "Numerics"), so logits are
 compared with a tolerance, and greedy tokens token for token except that a first difference is
 allowed where the reference's top-2 logit gap is below NEAR_TIE (there two correct forwards may pick
@@ -42,11 +42,11 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(path of the tiny F32 GGUF, the same model in HF: tests/tiny_llama.py's, vocabulary 512)."""
+    """(path of the tiny F32 GGUF, the same model in HF: the fixtures' tiny_llama, vocabulary 512)."""
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from gguf_writer import write_tiny_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     model = write_tiny_llama_gguf(path, seed=0, vocab_size=VOCAB)
     return path, model
@@ -194,7 +194,7 @@ def test_tied_embeddings_round_trip(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")
     import torch
-    from gguf_writer import write_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -675,7 +675,7 @@ def long_gguf(tmp_path_factory):
     context length, llama.cpp's n_ctx_train, differs)."""
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
-    from gguf_writer import write_tiny_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
     path = tmp_path_factory.mktemp("gguf-long") / "tiny-2048.gguf"
     write_tiny_llama_gguf(path, seed=0, vocab_size=VOCAB, max_position=2048)
     return path
@@ -735,7 +735,7 @@ def smollm2_f32(tmp_path_factory):
         source = smollm2.packaged_gguf()
     except DraftcoreError as exc:
         pytest.skip(str(exc))
-    from gguf_writer import write_llama_gguf
+    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
     model, _ = smollm2.load_smollm2()
     path = tmp_path_factory.mktemp("smollm2") / "smollm2-f32.gguf"
     write_llama_gguf(model, path, tokenizer_from=source)
@@ -831,7 +831,7 @@ def test_speculate_with_flash_attention_is_token_identical(flash_verifier):
 
 @pytest.fixture(scope="module")
 def packaged_gguf():
-    bench = pytest.importorskip("draftcore.adapters.llamacpp.bench")
+    bench = pytest.importorskip("draftcore.tools.backends.llamacpp")
     try:
         return bench.default_gguf()
     except DraftcoreError as exc:
@@ -839,7 +839,7 @@ def packaged_gguf():
 
 
 def test_bench_methods_on_the_packaged_model(packaged_gguf):
-    from draftcore.adapters.llamacpp import bench
+    from draftcore.tools.backends import llamacpp as bench
     handle, tokenizer = bench.load_model(packaged_gguf, n_threads=1, n_ctx=512)  # a path: llama.cpp tokenizes
     assert tokenizer is handle.llm and 2 in handle.eos_ids
     assert bench.METHODS == ("plain", "prompt_lookup", "bare", "trie")

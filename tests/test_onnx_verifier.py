@@ -10,11 +10,12 @@ torch = pytest.importorskip("torch")
 
 import draftcore  # noqa: E402
 from draftcore.adapters.onnx import OrtVerifier, export  # noqa: E402
+from draftcore.adapters.onnx.export import legacy_exporter  # noqa: E402
 from draftcore.errors import ConfigError, InputError  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
 
 from onnx_fixtures import plain_greedy  # noqa: E402
-from tiny_llama import tiny_llama  # noqa: E402
+from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
 NEAR_TIE = 1e-3
@@ -143,7 +144,7 @@ def export_2d_mask_graph(model, folder):
     dynamic.update({n: {2: "past"} for n in past})
     dynamic.update({n: {2: "total"} for n in present})
     path = folder / "model.onnx"
-    with torch.no_grad():
+    with torch.no_grad(), legacy_exporter():
         torch.onnx.export(Standard().eval(), example, str(path), input_names=["input_ids", "attention_mask", "position_ids",
                                                                        *past],
                           output_names=["logits", *present], dynamic_axes=dynamic, opset_version=17, dynamo=False)

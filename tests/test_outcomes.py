@@ -9,7 +9,7 @@ from draftcore import CostAwareBudget, DraftTree
 from draftcore.jit import kernels
 from draftcore.outcomes import ProposalOutcomes
 from naive import naive_expected_accepted, naive_would_accept
-from toy import ToyModel, ToyVerifier, plain_greedy
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
 
 def random_tree(rng, n: int, vocab: int) -> DraftTree:
@@ -147,13 +147,13 @@ def test_unverified_candidates_join_the_calibration():
     budget = CostAwareBudget()
     tree = DraftTree.chain(7, [1, 2, 3, 4])
     tree.scores = np.array([1.0, 0.5, 0.5, 0.5, 0.5], np.float32)
-    before_offered = budget._offered.sum()
-    before_accepted = budget._accepted.sum()
+    before_offered = budget._calibration.offered.sum()
+    before_accepted = budget._calibration.accepted.sum()
     budget.observe_outcomes(tree, 1, np.array([1, 1, 1, 0, 0], np.int8))   # candidate 1 was verified
-    assert budget._offered.sum() - before_offered == pytest.approx(3)      # candidates 2, 3, 4
-    assert budget._accepted.sum() - before_accepted == pytest.approx(1)    # candidate 2
+    assert budget._calibration.offered.sum() - before_offered == pytest.approx(3)      # candidates 2, 3, 4
+    assert budget._calibration.accepted.sum() - before_accepted == pytest.approx(1)    # candidate 2
     budget.observe_outcomes(tree, 0, np.array([1, 1, -1, -1, -1], np.int8))  # unknowns are not counted
-    assert budget._offered.sum() - before_offered == pytest.approx(4)
+    assert budget._calibration.offered.sum() - before_offered == pytest.approx(4)
 
 
 def test_the_bias_correction_follows_what_the_prefix_it_picks_achieves():
@@ -166,7 +166,7 @@ def test_the_bias_correction_follows_what_the_prefix_it_picks_achieves():
     for size, seconds in cost.items():   # costs measured, every verified candidate accepted
         for _ in range(3):
             budget.observe(tree.with_candidates(size - 1), np.arange(size, dtype=np.int32), seconds)
-    budget._next_explore = 1 << 30
+    budget._explore.next_step = 1 << 30
     assert budget.choose(tree) == 5
     before = budget.bias()
     budget.observe_outcomes(tree, 5, np.array([1, 0, 0, 0, 0, 0], np.int8))   # all five were verified
@@ -203,7 +203,7 @@ def costly_chain_budget(**options):
     tree = DraftTree.chain(7, [1, 2, 3, 4, 5])
     for size, seconds in cost.items():
         budget.observe(tree.with_candidates(size - 1), np.array([0], np.int32), seconds)
-    budget._next_explore = 1 << 30
+    budget._explore.next_step = 1 << 30
     return budget, tree, cost
 
 
@@ -215,9 +215,9 @@ def test_a_hopeless_proposal_skips_the_next_one():
     assert budget.request_size() == 0        # so the next step asks the drafter for nothing
     assert budget.request_size() > 0         # and the one after asks again
     tree.scores = np.array([1.0, 0.95, 0.95, 0.95, 0.95, 0.95], np.float32)
-    budget._offered[:] = 2.0
-    budget._accepted[:] = budget._prior_accepted
-    budget._probability = (budget._accepted / budget._offered).ravel()
+    budget._calibration.offered[:] = 2.0
+    budget._calibration.accepted[:] = budget._calibration.prior_accepted
+    budget._calibration.probability = (budget._calibration.accepted / budget._calibration.offered).ravel()
     budget.choose(tree)
     assert budget.request_size() > 0         # a proposal worth something skips nothing
 
@@ -231,7 +231,7 @@ def test_proposals_that_draft_nothing_in_a_row_skip_more_and_a_draft_resets():
     budget.choose(tree.with_candidates(0))
     budget.observe(tree.with_candidates(0), np.array([0], np.int32), 1.1)   # one that asked: 10 % more
     assert budget.asking_costs()
-    budget._idle = budget._skip_left = 0
+    budget._skipping.idle = budget._skipping.skip_left = 0
     tree.scores = np.array([1.0, 0.6, 0.6, 0.6, 0.6, 0.6], np.float32)   # worth less than no draft, not hopeless
 
     def skipped_after_choosing():
@@ -245,14 +245,14 @@ def test_proposals_that_draft_nothing_in_a_row_skip_more_and_a_draft_resets():
     cheap = CostAwareBudget(trial_steps=0, idle_skip=3)   # the same proposal where a candidate is nearly free
     for size in cost:
         cheap.observe(tree.with_candidates(size - 1), np.array([0], np.int32), 1.0 + 0.01 * size)
-    cheap._next_explore = 1 << 30
-    cheap._root_seconds[:] = (1.1, 1.0)
+    cheap._explore.next_step = 1 << 30
+    cheap._skipping.root_seconds[:] = (1.1, 1.0)
     assert cheap.choose(tree) > 0 and cheap.request_size() > 0    # a draft: nothing skipped
     budget.choose(tree.with_candidates(0))        # the drafter had nothing: that counts as drafting nothing
     assert budget.request_size() == 0
-    cheap._idle = 5
+    cheap._skipping.idle = 5
     assert cheap.choose(tree) > 0                 # a proposal that drafts resets the run
-    assert cheap._idle == 0 and cheap.request_size() > 0
+    assert cheap._skipping.idle == 0 and cheap.request_size() > 0
 
 
 def test_a_caller_that_reports_no_outcomes_gets_no_bias_or_gamble_correction():
@@ -276,7 +276,7 @@ def measured_chain_budget(cost):
         for _ in range(3):
             budget.observe(tree.with_candidates(size - 1), np.arange(size, dtype=np.int32), seconds)
     budget.observe_outcomes(tree, 5, np.ones(6, np.int8))
-    budget._next_explore = 1 << 30
+    budget._explore.next_step = 1 << 30
     return budget, tree
 
 
@@ -291,7 +291,7 @@ def test_verified_trees_that_fall_short_lower_the_gamble_correction_to_its_floor
         for _ in range(20):
             budget.observe_outcomes(tree, 0, np.ones(6, np.int8))
     assert budget.bias() > 0.9
-    assert budget.gamble_correction() == pytest.approx(budget._GAMBLE_FLOOR)
+    assert budget.gamble_correction() == pytest.approx(budget._gamble.floor)
     for _ in range(200):   # the verified ones come true again
         budget.observe(tree.with_candidates(5), np.arange(6, dtype=np.int32), cost[6])
     assert budget.gamble_correction() == 1.0
@@ -302,6 +302,6 @@ def test_the_gamble_correction_scales_what_choose_expects():
     # for 1 s); verified trees that delivered 0.6 of their estimate make it not pay (1 + 2.9 < 4.5).
     budget, tree = measured_chain_budget({1: 1.0, 2: 4.5, 3: 4.5, 4: 4.5, 5: 4.5, 6: 4.5})
     assert budget.bias() == 1.0 and budget.choose(tree) == 5
-    budget._gamble_expected, budget._gamble_accepted = 1000.0, 0.0
-    assert budget.gamble_correction() == budget._GAMBLE_FLOOR
+    budget._gamble.expected, budget._gamble.accepted = 1000.0, 0.0
+    assert budget.gamble_correction() == budget._gamble.floor
     assert budget.choose(tree) == 0

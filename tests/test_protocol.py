@@ -2,7 +2,7 @@
 node roles (a Jacobi-shaped lookahead window beside the candidates), backend limits (nodes, leaves,
 cache cells), the bare call and its session, and what `import draftcore` loads.
 
-The toy model's logits depend on every (position, token) pair a node sees (tests/toy.py), so a
+The toy model's logits depend on every (position, token) pair a node sees (draftcore/tools/fixtures/toy.py), so a
 window that leaks into the candidates' attention, or sits at the wrong positions, changes either
 the output or the tokens the drafter observes, and the tests below catch both.
 """
@@ -22,7 +22,7 @@ from draftcore import ConfigError, DraftTree, FixedBudget, TrieDrafter
 from draftcore.acceptance import greedy_accept
 from naive import naive_greedy_accept
 from test_speculate import SETTINGS, OracleDrafter, check_result, continuation, expected_output, requests
-from toy import ToyModel, ToyVerifier, _mix
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, _mix
 
 
 # -- a drafter whose trees carry a window -------------------------------------------------------------------
@@ -616,6 +616,41 @@ def test_import_draftcore_does_not_load_numba_or_a_framework():
     assert not [m for m in modules if m.startswith("draftcore.adapters") or m.startswith("draftcore.tools")]
 
 
+PUBLIC_NAMES = [
+    "speculate", "speculate_stream", "Session", "SpeculateResult", "SpeculateStats", "SamplingParams", "DraftTree",
+    "Verifier", "Drafter", "DraftRequest", "BudgetPolicy",
+    "TrieDrafter", "NGramDrafter", "JacobiDrafter", "CompositeDrafter", "DRAFTER_NAMES", "FixedBudget", "CostAwareBudget",
+    "DraftcoreError", "ConfigError", "InputError", "BackendError", "BusyError",
+]
+
+
+def test_the_top_level_holds_what_users_and_backend_authors_need():
+    assert sorted(draftcore.__all__) == sorted(PUBLIC_NAMES)
+    assert all(hasattr(draftcore, name) for name in draftcore.__all__)
+    # internals left the top level and stay importable from their own modules
+    from draftcore.drafters.rows import RowDrafter
+    from draftcore.drafters.trie import TrieRequest
+    from draftcore.loop import SpeculationStream
+    from draftcore.text import IncrementalText
+    for internal in (RowDrafter, TrieRequest, SpeculationStream, IncrementalText):
+        assert not hasattr(draftcore, internal.__name__)
+
+
+def test_the_menu_is_four_drafters_and_registered_names_join_it(monkeypatch):
+    from draftcore import drafters
+
+    assert draftcore.DRAFTER_NAMES == ("trie", "ngram", "jacobi", "composite")
+    monkeypatch.setattr(drafters, "_registered", {})
+    with pytest.raises(ConfigError, match="drafter: expected a Drafter or one of"):
+        drafters.make_drafter("trie-blind", 24)
+    drafters.register_drafter("trie-blind", lambda vocab: draftcore.TrieDrafter(token_limit=vocab,
+                                                                               learn_from_model=False))
+    assert drafters.drafter_names() == draftcore.DRAFTER_NAMES + ("trie-blind",)
+    assert drafters.make_drafter("trie-blind", 24).learn_from_model is False
+    with pytest.raises(ConfigError, match="'trie' is one of the menu's drafters"):
+        drafters.register_drafter("trie", lambda vocab: draftcore.NGramDrafter())
+
+
 def test_kernels_load_on_first_use():
     modules = _modules_after("import draftcore\ndraftcore.TrieDrafter()")
-    assert "numba" in modules and "draftcore.drafters.trie_kernels" in modules
+    assert "numba" in modules and "draftcore.drafters.trie_retrieval_kernels" in modules

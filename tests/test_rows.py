@@ -226,7 +226,7 @@ def test_sizes_beyond_memory_or_one_verify_are_refused_before_the_tries_slots_ar
     trie = TrieDrafter(capacity=256, token_limit=VOCAB, max_requests=8)
     with pytest.raises(ConfigError, match=message):
         RowDrafter(**{**dict(max_rows=4, max_len=64, max_draft=4, token_limit=VOCAB, drafter=trie), **options})
-    assert not trie._state.live.any() and trie._state.live.shape[0] == 4   # no slot taken, none added
+    assert not trie.pool.state.live.any() and trie.pool.state.live.shape[0] == 4   # no slot taken, none added
     RowDrafter(max_rows=8, max_len=64, max_draft=4, token_limit=VOCAB, drafter=trie)
 
 

@@ -1,6 +1,6 @@
 """Speculative sampling is exact: the distribution of generated sequences is plain sampling's.
 
-The toy model (tests/toy.py) is small enough to enumerate: with 5 tokens, every 4-token
+The toy model (draftcore/tools/fixtures/toy.py) is small enough to enumerate: with 5 tokens, every 4-token
 continuation's exact probability under plain sampling with the processors (tests/naive_sampling.py,
 written like transformers' classes) is known. Speculative samples — many seeds, drafters that
 propose rich trees (the model's likely tokens as several ordered children, random trees, chains,
@@ -30,7 +30,7 @@ from draftcore.processors import LogitsProcessor, softmax
 from naive_sampling import (VARIANTS, chi2_sf, exact_sequence_probs, goodness_of_fit, naive_process,
                             naive_sample_accept, naive_sample_step)
 from test_speculate import ChainDrafter, RandomTreeDrafter, _Base
-from toy import ToyModel, ToyVerifier, _mix
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, _mix
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

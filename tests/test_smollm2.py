@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import draftcore  # noqa: E402
-from draftcore.adapters.torch_hf.bench import load_prompts, plain_greedy  # noqa: E402
+from draftcore.tools.backends.hf import load_prompts, plain_greedy  # noqa: E402
 from test_hf_verifier import assert_same_greedy  # noqa: E402
 
 N_PROMPTS = 10

@@ -1,6 +1,6 @@
 """speculate() is lossless: with any drafter, its output equals plain greedy decoding token for token.
 
-The toy model's logits depend on the whole prefix (tests/toy.py), so a wrong mask, position,
+The toy model's logits depend on the whole prefix (draftcore/tools/fixtures/toy.py), so a wrong mask, position,
 commit or acceptance changes the output. Drafters range from the trie to adversarial random trees,
 an oracle that mixes the true continuation with wrong siblings (multi-token, non-first-child and
 non-contiguous acceptance), and chains. A planted bug (a verifier that commits the wrong sibling)
@@ -17,7 +17,7 @@ import draftcore
 from draftcore import BackendError, ConfigError, DraftcoreError, DraftTree, InputError, TrieDrafter
 from draftcore.acceptance import greedy_accept
 from naive import naive_greedy_accept, pool_contents
-from toy import ToyModel, ToyVerifier, _mix
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, _mix
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -274,7 +274,7 @@ def test_one_trie_across_requests_stays_lossless_and_drops_prompts():
         check_result(result, *expected_output(model, prompt.tolist(), 50), verifier)
         total_accepted += sum(k * c for k, c in enumerate(result.stats.accepted_hist))
         trie.check_integrity()
-        assert all(c[0] == 0 for c in pool_contents(trie._state).values())  # no prompt counts left
+        assert all(c[0] == 0 for c in pool_contents(trie.pool.state).values())  # no prompt counts left
     assert total_accepted > 20  # the toy text repeats: the trie drafts something useful
 
 
@@ -294,6 +294,24 @@ def test_default_drafter_is_the_verifiers_session_trie():
     session = draftcore.Session.of(verifier)
     assert isinstance(session.drafter, TrieDrafter) and session.drafter.token_limit == 10
     assert isinstance(session.budget, draftcore.CostAwareBudget)
+
+
+def test_a_call_that_names_its_drafter_builds_no_other(monkeypatch):
+    """A call with its own drafter takes only the budget from the verifier's session: the session's
+    default trie (a node pool and its kernels) is built on first use, never for that call."""
+    built, original = [], TrieDrafter.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrieDrafter, "__init__", counting_init)
+    model = ToyModel(vocab_size=10, seed=2)
+    verifier = ToyVerifier(model)
+    result = draftcore.speculate(verifier, [4, 5], max_new_tokens=30, drafter=draftcore.NGramDrafter())
+    check_result(result, *expected_output(model, [4, 5], 30))
+    assert isinstance(draftcore.Session.of(verifier).budget, draftcore.CostAwareBudget) and built == []
+    assert isinstance(draftcore.Session.of(verifier).drafter, TrieDrafter) and len(built) == 1   # on first use
 
 
 def test_text_prompt_with_encode_decode():
@@ -452,7 +470,7 @@ def test_bad_input_is_refused_before_any_state_changes(override, error, words, e
     verifier.prefill(np.array([5, 6, 7], np.int32))
     cache_before = list(verifier.cache)
     trie = _busy_trie()
-    trie_before = pool_contents(trie._state)
+    trie_before = pool_contents(trie.pool.state)
     kwargs = dict(prompt=np.array([1, 2, 3], np.int32), max_new_tokens=8, drafter=trie, budget=4)
     kwargs.update(override)
     prompt = kwargs.pop("prompt")
@@ -462,7 +480,7 @@ def test_bad_input_is_refused_before_any_state_changes(override, error, words, e
     for word in words:
         assert word in str(info.value), (word, str(info.value))
     assert verifier.cache == cache_before and verifier.n_verify == 0
-    assert pool_contents(trie._state) == trie_before and trie.n_nodes == len(trie_before)
+    assert pool_contents(trie.pool.state) == trie_before and trie.n_nodes == len(trie_before)
     trie.check_integrity()
 
 
@@ -533,7 +551,7 @@ def test_misbehaving_verifier_raises_backend_error(mode, where):
     with pytest.raises(BackendError, match=where.replace(".", r"\.")):
         draftcore.speculate(BadVerifier(model, mode), [1, 2, 3], max_new_tokens=30, drafter=trie, budget=4)
     assert trie.requests_in_progress == 0  # the request was finished: its prompt counts are gone
-    assert all(c[0] == 0 for c in pool_contents(trie._state).values())
+    assert all(c[0] == 0 for c in pool_contents(trie.pool.state).values())
     trie.check_integrity()
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import draftcore
-from draftcore import ConfigError, IncrementalText
-from toy import ToyModel, ToyVerifier
+from draftcore import ConfigError
+from draftcore.text import IncrementalText
+from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
 
 TEXT = "Café 日本語 🙂 naïve — ok; ünïcödé ✓ 中文字符 end"
 

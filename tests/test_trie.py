@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import draftcore
 from draftcore import ConfigError, DraftTree, InputError, TrieDrafter
 from draftcore.drafters.trie import LAYOUTS
-from draftcore.drafters.trie_kernels import N_PRUNES
+from draftcore.drafters.trie_pool_kernels import N_PRUNES
 from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_own_contents, naive_trie_contents,
                    pool_child_order, pool_contents, pool_own_contents)
 
@@ -133,7 +133,7 @@ def random_observation(tree: DraftTree, seed: int, token_limit: int):
 
 def assert_same_trie(drafter: TrieDrafter, naive: NaiveTrie, requests=()):
     drafter.check_integrity()
-    state = drafter._state
+    state = drafter.pool.state
     assert drafter.n_nodes == naive.node_count() <= drafter.capacity
     assert pool_contents(state) == naive_trie_contents(naive)
     assert pool_child_order(state) == naive_child_order(naive)
@@ -267,9 +267,9 @@ def test_trie_matches_naive_with_interleaved_requests(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_trie_matches_naive_with_many_requests_in_progress(seed):
-    """More requests at once than the node rows hold own counts for (trie_kernels.INLINE): the
+    """More requests at once than the node rows hold own counts for (trie_pool_kernels.INLINE): the
     rest live in the `own` array, which grows as they arrive."""
-    from draftcore.drafters.trie_kernels import INLINE
+    from draftcore.drafters.trie_pool_kernels import INLINE
     rng = np.random.default_rng(900 + seed)
     vocab, token_limit, params = random_params(rng)
     params["capacity"] = 2 * params["branch_length"] + 1 + int(rng.integers(50, 400))
@@ -344,8 +344,8 @@ def _learning_pair(**options):
 
 
 def _own_delta(learning, blind, r_learning, r_blind) -> dict:
-    mine = pool_own_contents(learning._state, r_learning._core.slot)
-    theirs = pool_own_contents(blind._state, r_blind._core.slot)
+    mine = pool_own_contents(learning.pool.state, r_learning._core.slot)
+    theirs = pool_own_contents(blind.pool.state, r_blind._core.slot)
     return {p: mine.get(p, (0.0, 0.0))[0] - theirs.get(p, (0.0, 0.0))[0] for p in set(mine) | set(theirs)
             if mine.get(p, (0.0, 0.0)) != theirs.get(p, (0.0, 0.0))}
 
@@ -372,7 +372,7 @@ def test_a_rejected_candidates_model_token_is_learnt_for_the_request_and_leaves_
     for r in runs:
         r.finish()
     learning.check_integrity()
-    assert pool_contents(learning._state) == pool_contents(blind._state)  # nothing learnt outlives it
+    assert pool_contents(learning.pool.state) == pool_contents(blind.pool.state)  # nothing learnt outlives it
 
 
 def test_a_full_ring_forgets_its_oldest_continuation():
@@ -392,7 +392,7 @@ def test_a_full_ring_forgets_its_oldest_continuation():
     assert r._core.learnt.ring.tolist() == [0, 1]   # (oldest, count) of a ring of one
     for r, _ in runs:
         r.finish()
-    assert pool_contents(learning._state) == pool_contents(blind._state)
+    assert pool_contents(learning.pool.state) == pool_contents(blind.pool.state)
 
 
 def test_learning_leaves_other_requests_drafts_alone():
@@ -418,12 +418,12 @@ def test_learning_leaves_other_requests_drafts_alone():
             tokens = np.array(random_tokens(rng, base, 12, 2), np.int32)
             x.update(tokens), y.update(tokens)
             streams[i] += tokens.tolist()
-    assert learning._state.freq[:, 4].sum() > blind._state.freq[:, 4].sum()   # request a did learn
+    assert learning.pool.state.freq[:, 4].sum() > blind.pool.state.freq[:, 4].sum()   # request a did learn
     for pair in pairs:
         for r in pair:
             r.finish()
     learning.check_integrity()
-    assert pool_contents(learning._state) == pool_contents(blind._state)
+    assert pool_contents(learning.pool.state) == pool_contents(blind.pool.state)
 
 
 def test_observe_refuses_bad_arguments_and_changes_nothing():
@@ -432,7 +432,7 @@ def test_observe_refuses_bad_arguments_and_changes_nothing():
     tree = r.propose(np.array([1, 2, 3, 1, 2], np.int32), 1)
     assert tree.n_candidates == 2
     good = np.array([4, 5], np.int32)
-    before = pool_contents(d._state)
+    before = pool_contents(d.pool.state)
     cases = [
         (dict(node_tokens=np.array([4], np.int32)), "node_tokens"),
         (dict(node_tokens=np.array([4.0, 5.0])), "node_tokens"),
@@ -448,7 +448,7 @@ def test_observe_refuses_bad_arguments_and_changes_nothing():
         with pytest.raises(InputError) as info:
             r.observe(**args)
         assert str(info.value).startswith(name), str(info.value)
-        assert pool_contents(d._state) == before and r._core.learnt.ring[1] == 0
+        assert pool_contents(d.pool.state) == before and r._core.learnt.ring[1] == 0
     r.observe(tree, good, np.array([0], np.int32))   # the request still observes its tree
     assert r._core.learnt.ring[1] == 1
     r.observe(tree, good, np.array([0], np.int32))   # a second observe of one proposal: nothing
@@ -490,9 +490,9 @@ def test_insert_prompt_false_counts_no_prompt_branches():
             elif op[0] == "warm_up":
                 drafter.warm_up([np.array(s, np.int32) for s in op[1]]), naive.warm_up(op[1])
             drafter.check_integrity()
-            prompt_counts = {p: c for p, c in pool_contents(drafter._state).items() if c[0] != 0}
+            prompt_counts = {p: c for p, c in pool_contents(drafter.pool.state).items() if c[0] != 0}
             assert not prompt_counts, f"seed {seed}: PROMPT counts with insert_prompt=False: {prompt_counts}"
-            assert pool_contents(drafter._state) == naive_trie_contents(naive), f"seed {seed}"
+            assert pool_contents(drafter.pool.state) == naive_trie_contents(naive), f"seed {seed}"
 
 
 def test_insert_prompt_false_minimal_repro():
@@ -505,7 +505,7 @@ def test_insert_prompt_false_minimal_repro():
     r.update(np.array([2], np.int32))     # < branch_length free: make_room, front rebuilt from [5, 1]
     r.finish()
     d.check_integrity()
-    assert {p: c for p, c in pool_contents(d._state).items() if c[0]} == {}
+    assert {p: c for p, c in pool_contents(d.pool.state).items() if c[0]} == {}
 
 
 # -- counting from the definition ---------------------------------------------------------------------
@@ -522,11 +522,11 @@ def test_output_counts_persist_and_prompt_counts_are_removed():
             r.update(np.array(output[i:i + 3], np.int32))
         r.propose(np.array(prompt + output, np.int32), 0)  # counts the tokens
         d.check_integrity()
-        while_running = pool_contents(d._state)
+        while_running = pool_contents(d.pool.state)
         assert any(c[0] > 0 for c in while_running.values())  # the prompt is in the trie
         r.finish()
         requests.append((prompt, output))
-        got = pool_contents(d._state)
+        got = pool_contents(d.pool.state)
         assert got == naive_branch_counts(requests, bl)  # exactly the output branches, every request
         assert all(c[0] == 0.0 and c[2] == 0.0 for c in got.values())
     assert d.n_nodes == len(naive_branch_counts(requests, bl))
@@ -536,16 +536,16 @@ def test_prompt_branches_counted_while_running():
     d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10)
     r = d.start(np.array([1, 2, 3, 1, 2], np.int32))
     r.update(np.array([4], np.int32))
-    assert (4,) not in pool_contents(d._state)  # counted at the next propose (one kernel call a step)
+    assert (4,) not in pool_contents(d.pool.state)  # counted at the next propose (one kernel call a step)
     r.propose(np.array([1, 2, 3, 1, 2, 4], np.int32), 0)
     d.check_integrity()
-    got = pool_contents(d._state)
+    got = pool_contents(d.pool.state)
     # prompt branches: start positions 0..4, 3 tokens each, growing into the output token 4
     assert got[(1,)] == (2.0, 0.0, 0.0) and got[(1, 2)] == (2.0, 0.0, 0.0) and got[(1, 2, 3)] == (1.0, 0.0, 0.0)
     assert got[(1, 2, 4)] == (1.0, 0.0, 0.0) and got[(2, 4)] == (1.0, 0.0, 0.0)
     assert got[(4,)] == (0.0, 1.0, 1.0)  # OUTPUT, and RECENT while the request runs
     r.finish()
-    assert pool_contents(d._state) == {(4,): (0.0, 1.0, 0.0)}
+    assert pool_contents(d.pool.state) == {(4,): (0.0, 1.0, 0.0)}
 
 
 def test_recent_counts_follow_the_running_request():
@@ -555,11 +555,11 @@ def test_recent_counts_follow_the_running_request():
     r.update(np.array([1, 2, 4], np.int32))
     r.propose(np.array([5, 1, 2, 4], np.int32), 0)
     d.check_integrity()
-    got = pool_contents(d._state)
+    got = pool_contents(d.pool.state)
     assert got[(1,)] == (0.0, 2.0, 1.0) and got[(1, 2)] == (0.0, 2.0, 1.0) and got[(1, 2, 3)] == (0.0, 1.0, 0.0)
     assert got[(1, 2, 4)] == (0.0, 1.0, 1.0) and got[(5, 1)] == (1.0, 0.0, 0.0)
     r.finish()
-    got = pool_contents(d._state)
+    got = pool_contents(d.pool.state)
     assert all(c[2] == 0.0 for c in got.values()) and (5,) not in got
     assert got[(1, 2)] == (0.0, 2.0, 0.0)
 
@@ -569,7 +569,7 @@ def test_without_elimination_prompt_counts_become_output_counts():
     r = d.start(np.array([1, 2, 3], np.int32))
     r.update(np.array([4], np.int32))
     r.finish()
-    assert pool_contents(d._state) == naive_branch_counts([([], [1, 2, 3, 4])], 3)
+    assert pool_contents(d.pool.state) == naive_branch_counts([([], [1, 2, 3, 4])], 3)
 
 
 def test_stage_zero_drafts_the_most_frequent_tokens():
@@ -722,9 +722,9 @@ def test_calibration_learns_what_came_true_per_context_length():
     emits A: D and C count as misses and A as a hit in their cells; A's continuation was not
     drafted. Taught often enough, the 2-token stage's A outranks D. (The requests' prompts and
     outputs weigh and add nothing, so only the calibration changes.)"""
-    K = __import__("draftcore.drafters.trie_kernels", fromlist=["x"])
+    K = __import__("draftcore.drafters.trie_calibration_kernels", fromlist=["x"])
     d, (X, Y, A, C, D) = _two_stage_trie(prompt_weight=0.0, insert_output=False)
-    prior = d._state.cal.copy()
+    prior = d.pool.state.cal.copy()
     cell_d, cell_ac = 1 * K.CAL_BINS + 7, 2 * K.CAL_BINS + 6   # (m=1, [0.7, 0.9)), (m=2, [0.5, 0.7))
     r = d.start(np.array([X, Y], np.int32))
     r.propose(np.array([X, Y], np.int32), 3)
@@ -733,7 +733,7 @@ def test_calibration_learns_what_came_true_per_context_length():
     learnt = np.zeros_like(prior)
     learnt[:, cell_d] = [1.0, 0.0]
     learnt[:, cell_ac] = [2.0, 1.0]
-    np.testing.assert_allclose(d._state.cal, prior + learnt, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(d.pool.state.cal, prior + learnt, rtol=0, atol=1e-12)
     r.finish()
     for _ in range(20):   # X Y always continues with A: D keeps missing, A keeps coming true
         r = d.start(np.array([X, Y], np.int32))
@@ -747,12 +747,12 @@ def test_calibration_leaves_other_contexts_and_the_paper_alone():
     """A draft of some other context than the stream teaches nothing (its outcome is not in the
     stream); the paper's configuration and the single layout do not calibrate."""
     d, (X, Y, A, C, D) = _two_stage_trie()
-    prior = d._state.cal.copy()
+    prior = d.pool.state.cal.copy()
     r = d.start(np.array([X, Y], np.int32))
     r.propose(np.array([7, X, Y], np.int32), 3)
     r.update(np.array([A], np.int32))
     r.finish()
-    np.testing.assert_array_equal(d._state.cal, prior)
+    np.testing.assert_array_equal(d.pool.state.cal, prior)
     assert not TrieDrafter.paper().calibrate
     # `calibrate` says whether the calibration applies: with fill and a non-single layout only
     assert TrieDrafter(layout="parallel").calibrate
@@ -781,8 +781,8 @@ def test_save_load_round_trip(tmp_path):
     d.save(path)
     e = TrieDrafter.load(path)
     e.check_integrity()
-    assert pool_contents(e._state) == pool_contents(d._state)
-    assert pool_child_order(e._state) == pool_child_order(d._state)
+    assert pool_contents(e.pool.state) == pool_contents(d.pool.state)
+    assert pool_child_order(e.pool.state) == pool_child_order(d.pool.state)
     for _ in range(20):
         ctx = np.array(random_tokens(rng, base, 20, 6), np.int32)
         a, b = d.propose(ctx, 12), e.propose(ctx, 12)
@@ -793,7 +793,7 @@ def test_save_load_round_trip(tmp_path):
         r = x.start(np.array(base, np.int32))
         r.update(np.array(base[::-1], np.int32))
         r.finish()
-    assert pool_contents(e._state) == pool_contents(d._state)
+    assert pool_contents(e.pool.state) == pool_contents(d.pool.state)
 
 
 def _calibrated_drafter():
@@ -815,19 +815,19 @@ def test_save_load_keeps_the_calibration(tmp_path):
     """The calibration learnt so far travels with the file, so the loaded trie ranks candidates
     as the saved one did; a format-1 file (before `cal` was saved) loads with the prior."""
     d, rng, base = _calibrated_drafter()
-    prior = draftcore.drafters.trie_kernels.new_calibration()
-    assert not np.array_equal(d._state.cal, prior)
+    prior = draftcore.drafters.trie_calibration_kernels.new_calibration()
+    assert not np.array_equal(d.pool.state.cal, prior)
     d.save(tmp_path / "t.npz")
     e = TrieDrafter.load(tmp_path / "t.npz")
-    np.testing.assert_array_equal(e._state.cal, d._state.cal)
+    np.testing.assert_array_equal(e.pool.state.cal, d.pool.state.cal)
     with np.load(tmp_path / "t.npz") as z:
         old = {k: z[k] for k in z.files if k != "cal"}
     old["config"] = old["config"].copy()
     old["config"][0] = 1
     np.savez(tmp_path / "format1.npz", **old)
     f = TrieDrafter.load(tmp_path / "format1.npz")
-    np.testing.assert_array_equal(f._state.cal, prior)
-    assert pool_contents(f._state) == pool_contents(d._state)
+    np.testing.assert_array_equal(f.pool.state.cal, prior)
+    assert pool_contents(f.pool.state) == pool_contents(d.pool.state)
     same, differs = True, False
     for _ in range(40):
         ctx = np.array(random_tokens(rng, base, 20, 6), np.int32)
@@ -853,7 +853,7 @@ def test_save_load_round_trip_any_file_name(tmp_path):
     path = tmp_path / "pool.trie"
     d.save(path)
     e = TrieDrafter.load(path)
-    assert pool_contents(e._state) == pool_contents(d._state)
+    assert pool_contents(e.pool.state) == pool_contents(d.pool.state)
 
 
 def test_save_during_requests_keeps_what_persists(tmp_path):
@@ -868,9 +868,9 @@ def test_save_during_requests_keeps_what_persists(tmp_path):
     d.save(tmp_path / "busy.npz")
     e = TrieDrafter.load(tmp_path / "busy.npz")
     e.check_integrity()
-    got = pool_contents(e._state)
+    got = pool_contents(e.pool.state)
     assert all(c[0] == 0.0 and c[2] == 0.0 for c in got.values())
-    live = pool_contents(d._state)
+    live = pool_contents(d.pool.state)
     assert {p: c[1] for p, c in got.items()} == {p: c[1] for p, c in live.items()}  # OUTPUT as it stands
     r.finish()
     d.check_integrity()
@@ -1080,12 +1080,13 @@ def test_huge_config_in_file_raises_input_error_without_allocating(tmp_path):
 
 # -- kernels, repr --------------------------------------------------------------------------------------
 def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
-    """Every kernel call the drafter makes has the argument types trie_kernels.warm_up() compiled
-    (else the first real call compiles, inside a timed decode step)."""
-    from draftcore.drafters import trie_kernels as K
+    """Every kernel call the drafter makes has the argument types the trie kernel modules' warm_up()
+    compiled (else the first real call compiles, inside a timed decode step)."""
+    from draftcore.drafters import trie_candidate_kernels as H, trie_check_kernels as X, trie_count_kernels as C
+    from draftcore.drafters import trie_pool_kernels as P, trie_retrieval_kernels as K
     TrieDrafter(capacity=100, branch_length=4, token_limit=10)  # runs warm_up once per process
     from draftcore.drafters import trie_model_kernels as M
-    kernels = [K.step, K.retrieve, K.extend, K.end_request, K.make_room, K.refresh_top, K.find_corruption,
+    kernels = [K.step, K.retrieve, C.extend, C.end_request, P.make_room, H.refresh_top, X.find_corruption,
                M.learn, M.forget_all]
     before = {k.__name__: set(k.signatures) for k in kernels}
     for layout in LAYOUTS:
@@ -1107,11 +1108,11 @@ def test_repr_shows_the_pool_without_counting_pending_tokens():
     d = TrieDrafter(capacity=100, branch_length=4, token_limit=10)
     r = d.start(np.array([1, 2, 3], np.int32))  # branches 1, 1-2, 1-2-3, 2, 2-3, 3
     r.update(np.array([4, 5], np.int32))
-    before = pool_contents(d._state)
+    before = pool_contents(d.pool.state)
     assert repr(d) == ("TrieDrafter(capacity=100, nodes_in_use=6, requests_in_progress=1, branch_length=4, "
                        "layout='hierarchical')")
     assert repr(r) == "TrieRequest(slot=0, tokens=5, prompt=3)"
-    assert pool_contents(d._state) == before and d.n_nodes == 6
+    assert pool_contents(d.pool.state) == before and d.n_nodes == 6
     r.propose(np.array([1, 2, 3, 4, 5], np.int32), 0)  # counts them: 4, 3-4, 2-3-4, 1-2-3-4, 5, 4-5, 3-4-5, 2-3-4-5
     assert d.n_nodes == 6 + 8
     r.finish()
@@ -1186,12 +1187,12 @@ def test_a_propose_budget_larger_than_one_verify_holds_is_refused_and_changes_no
         requests.append(d.start(prompt))
         requests[-1].update([1, 2])
     d, r = drafters[0], requests[0]
-    before = pool_contents(d._state)
+    before = pool_contents(d.pool.state)
     for call in (lambda: r.propose(context, 10**12), lambda: d.propose(context, 10**12)):
         with pytest.raises(ConfigError, match=r"^budget: 1000000000000 asks for trees of [0-9,]+ nodes; expected "
                                               r"at most"):
             call()
-    assert pool_contents(d._state) == before and d.requests_in_progress == 1
+    assert pool_contents(d.pool.state) == before and d.requests_in_progress == 1
     got, want = r.propose(context, 6), requests[1].propose(context, 6)
     assert len(got) > 1 and got.tokens.tolist() == want.tokens.tolist()
     assert got.parents.tolist() == want.parents.tolist()

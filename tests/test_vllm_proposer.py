@@ -112,7 +112,7 @@ def long_requests(n, seed, max_len):
 
 @pytest.mark.parametrize("capacity", [None, "64"], ids=["default trie", "smallest trie"])
 def test_requests_that_run_to_a_long_max_model_len(monkeypatch, capacity):
-    """Rows of vLLM's token_ids_cpu[max_num_seqs, 2048] (engine.build_llm's max_model_len) filled by
+    """Rows of vLLM's token_ids_cpu[max_num_seqs, 2048] (vllm_engine.build_llm's max_model_len) filled by
     1,500-1,900-token prompts and generated to their last position: every draft leaves room for the
     model's own token, drafts are accepted to the end, and with the smallest trie the options allow
     (64 nodes: one prompt's branches overflow it at once) too."""

@@ -63,9 +63,10 @@ from .context import DEFAULT_N_BATCH, import_llama_cpp
 from .numerics import CPU_TREE_NODES, warn_if_inexact
 from .verifier import llama_batch_error
 
-# Drafters that need nothing but the text: the Jacobi ones learn from the model's outputs at their
-# window's nodes (`observe`), which a chain-only loop never reports.
-_TEXT_DRAFTERS = ("trie", "ngram", "ngram-paper", "composite-nowindow")
+# The menu's drafters that need nothing but the text. A Jacobi window learns from the model's outputs
+# at its nodes (`observe`), which a chain-only loop never reports: "jacobi" is refused, and
+# "composite" is built without its window.
+_TEXT_DRAFTERS = ("trie", "ngram", "composite")
 _TOKEN_LIMIT = 1 << 18   # token ids the trie indexes (the draft model is never told the vocabulary size)
 # llama-cpp-python evaluates the model's token and the drafted chain in one `Llama.eval`, cut into
 # llama_decode calls of n_batch tokens: with the default n_batch (512) a chain of up to 511 drafted
@@ -75,10 +76,29 @@ _TOKEN_LIMIT = 1 << 18   # token ids the trie indexes (the draft model is never 
 MAX_DRAFT_TOKENS = DEFAULT_N_BATCH - 1
 
 
+def _text_drafter(name: str):
+    """The drafter `name` names, built to need nothing but the text; ConfigError for "jacobi", for a
+    registered drafter with a Jacobi window, and for a name nobody registered."""
+    from draftcore.drafters import DRAFTER_NAMES, CompositeDrafter, JacobiDrafter, drafter_names, make_drafter
+
+    if name == "composite":
+        return CompositeDrafter(token_limit=_TOKEN_LIMIT, window=False)
+    drafter = None
+    if name in _TEXT_DRAFTERS or (name in drafter_names() and name not in DRAFTER_NAMES):
+        drafter = make_drafter(name, _TOKEN_LIMIT)
+    windowed = isinstance(drafter, JacobiDrafter) or (isinstance(drafter, CompositeDrafter) and drafter.window)
+    if drafter is None or windowed:
+        raise ConfigError(f"drafter: expected a Drafter, one of {list(_TEXT_DRAFTERS)} or a registered drafter "
+                          f"without a Jacobi window (llama-cpp-python verifies chains only, and reports no "
+                          f"model outputs to a Jacobi window), got {name!r}")
+    return drafter
+
+
 class DraftcoreDraftModel(LlamaDraftModel):
     """A `llama_cpp.Llama(draft_model=...)` that drafts with draftcore.
 
-    drafter: a Drafter, or one of "trie" (default), "ngram", "ngram-paper", "composite-nowindow";
+    drafter: a Drafter, or one of "trie" (default), "ngram", "composite" (without its Jacobi window),
+        or a registered name (draftcore.drafters.register_drafter) whose drafter has no Jacobi window;
         kept across requests (a TrieDrafter may be shared by several draft models).
     max_draft_tokens: the longest chain proposed, at most MAX_DRAFT_TOKENS (511: llama-cpp-python
         evaluates the chain with the model's token in one batch, of at most n_batch = 512 by default).
@@ -94,12 +114,7 @@ class DraftcoreDraftModel(LlamaDraftModel):
 
     def __init__(self, drafter="trie", *, max_draft_tokens: int = 16, budget="auto", self_check: bool = True):
         if isinstance(drafter, str):
-            if drafter not in _TEXT_DRAFTERS:
-                raise ConfigError(f"drafter: expected a Drafter or one of {list(_TEXT_DRAFTERS)} (llama-cpp-python "
-                                  f"verifies chains only, and reports no model outputs to a Jacobi window), "
-                                  f"got {drafter!r}")
-            from draftcore.drafters import make_drafter
-            drafter = make_drafter(drafter, _TOKEN_LIMIT)
+            drafter = _text_drafter(drafter)
         elif not callable(getattr(drafter, "start", None)):
             raise ConfigError(f"drafter: expected a Drafter or a name, got {describe(drafter)}")
         self.drafter = drafter

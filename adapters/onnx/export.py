@@ -23,8 +23,10 @@ the PyTorch model's plain decoding (draftcore.selfcheck); a bad export is delete
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +84,7 @@ def export(model_or_dir, out_dir, *, dtype: str | None = None, opset: int = 17, 
                "logits": {1: "q"}, "argmax": {1: "q"}}
     dynamic.update({name: {2: "past"} for name in past_names})
     dynamic.update({name: {2: "total"} for name in present_names})
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), legacy_exporter():
         torch.onnx.export(wrapper, example, str(path), input_names=["input_ids", "position_ids", "attention_mask",
                                                                      *past_names],
                           output_names=["logits", "argmax", *present_names], dynamic_axes=dynamic,
@@ -147,7 +149,7 @@ def _tree_forward(model, n_layers: int):
     import torch
     from transformers import DynamicCache
 
-    from draftcore.adapters.torch_hf.kv_cache import cache_keyword, returned_cache
+    from .transformers_cache import cache_keyword, returned_cache
 
     keyword = cache_keyword(model)
 
@@ -206,3 +208,15 @@ def _write_metadata(path: Path, values: dict) -> None:
         pass
     onnx.save(proto, tmp.name)
     os.replace(tmp.name, path)
+
+
+@contextlib.contextmanager
+def legacy_exporter():
+    """Silence the DeprecationWarnings torch (2.9+) gives every call of its TorchScript exporter: the
+    choice is deliberate, since the dynamo exporter needs onnxscript, which draftcore does not
+    depend on, and the tree export traces one fixed forward, which the TorchScript exporter does."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
+        warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export",
+                                category=DeprecationWarning)
+        yield

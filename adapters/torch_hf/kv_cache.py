@@ -10,7 +10,8 @@ without a config, so every layer is a plain `DynamicLayer` (no sliding-window la
 transformers 5.24 renamed the forward's cache argument, and the output's field, from
 `past_key_values` to `cache`; the old names still work there, with a FutureWarning, until 5.40.
 `cache_keyword` and `returned_cache` use whichever name the model's own forward declares, so the
-adapters neither warn on 5.24+ nor break on older releases.
+adapters neither warn on 5.24+ nor break on older releases. The ONNX export keeps its own copy of the
+two (adapters/onnx/transformers_cache.py: no adapter imports another); a change here goes there too.
 """
 from __future__ import annotations
 

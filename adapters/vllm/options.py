@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from draftcore.drafters.trie import pool_bytes
+from draftcore.drafters.trie_pool import pool_bytes
 from draftcore.errors import ConfigError
 from draftcore.validate import fits_in_memory, within_tree_limit
 

@@ -11,25 +11,19 @@ compared, and one rate per source (how this drafter first did it) let a source's
 wrong nodes crowd out another's sure ones. A source whose scores already estimate acceptance
 (`scores_estimate_acceptance`: the trie) keeps them: calibrated here from verified nodes alone (the
 budget's most optimistic picks), one rate per bin, they reached the budget on a coarser, drifting
-scale, and the budget's own calibration (every proposed candidate, from outcomes) did worse on it
-(replayed on HF CPU costs: MT-Bench 1.19x -> 1.24x with the trie's own scores). A node proposed
-by several sources gets the best of their priorities, and a child never outranks its parent, so
-the merged tree is best first and the budget policy may cut it anywhere; its scores are
-acceptance estimates, which is what the policy expects of a drafter's scores. On the recorded
-SmolLM2 traces with HF CPU costs this took the composite's simulated speedup from 1.72x / 1.27x
-(one rate per source) to 1.81x / 1.36x (HumanEval / MT-Bench; the trie alone: 1.76x / 1.34x).
-With today's trie (which improved since) replay puts the composite behind the trie on
-that table (1.93x / 1.30x against 1.96x / 1.34x, 4 orders); on the real model it leads, because its
+scale, and the budget's own calibration (every proposed candidate, from outcomes) did worse on it.
+A node proposed by several sources gets the best of their priorities, and a child never outranks
+its parent, so the merged tree is best first and the budget policy may cut it anywhere; its
+scores are acceptance estimates, which is what the policy expects of a drafter's scores. Rates per
+bin beat one rate per source on the recorded SmolLM2 traces; with today's trie (which improved
+since) replay puts the composite behind the trie, while on the real model it leads, because its
 n-gram tables learn the model's tokens at rejected candidates, which replay cannot see
-(docs/design.md, "Replay"; benchmarks/model_outputs_value.py).
+(docs/drafters.md, "Composite"; docs/design.md, "Replay"; benchmarks/model_outputs_value.py).
 
 The rates are learnt from every proposed node as the step's emitted tokens settle it
 (`learn_from="outcomes"`, the default), not only from the nodes the budget verified
 (`learn_from="verified"`): where a verify is dear (llama.cpp on a CPU) the budget verifies a
-handful of nodes in a hundred steps, and those its most optimistic picks. Replayed on the recorded
-SmolLM2 traces with the auto budget, llama.cpp costs: 1.43 / 1.09 tokens per step against 1.28 /
-1.06 (HumanEval / MT-Bench; the trie alone 1.43 / 1.10), a simulated 1.072x / 1.011x against
-1.041x / 1.002x; HF CPU costs 1.905x / 1.294x against 1.920x / 1.306x; a flat GPU cost unchanged.
+handful of nodes in a hundred steps, and those its most optimistic picks (docs/drafters.md).
 A proposal is judged on its first step's tokens alone, though a deep node under a prefix that came
 true is then left out and its rates read low: waiting until every node settles measured worse
 (docs/design.md, "The merge").
@@ -48,6 +42,7 @@ the window, and once it drops it, where verify is not free (a CPU), only every 1
 from __future__ import annotations
 
 import threading
+from collections import namedtuple
 
 import numpy as np
 
@@ -65,6 +60,9 @@ _KERNELS = "draftcore.drafters.composite_kernels"
 _BINS = 20           # score bins of the calibration
 _PRIOR_WEIGHT = 2.0  # nodes' worth of the prior that a score is its node's acceptance rate
 _LEARN_FROM = ("outcomes", "verified")   # every proposed node, as the emitted tokens settle it; or the verified ones
+# Each source's acceptance by score bin, [source, bin], faded towards the prior, and the lock that
+# guards it: a drafter's, handed to each of its requests.
+_SharedRates = namedtuple("_SharedRates", "offered accepted prior_offered prior_accepted lock")
 
 
 class CompositeDrafter:
@@ -91,10 +89,10 @@ class CompositeDrafter:
         # and from the prior the n-gram tables' 1.0 for a key seen once outranked the trie's
         # calibrated nodes in every new request), updated under the lock.
         centres = (np.arange(_BINS) + 0.5) / _BINS
-        self._prior_offered = np.full((len(self.sources), _BINS), _PRIOR_WEIGHT)
-        self._prior_accepted = np.tile(_PRIOR_WEIGHT * centres, (len(self.sources), 1))
-        self._offered, self._accepted = self._prior_offered.copy(), self._prior_accepted.copy()
-        self._lock = threading.Lock()
+        prior_offered = np.full((len(self.sources), _BINS), _PRIOR_WEIGHT)
+        prior_accepted = np.tile(_PRIOR_WEIGHT * centres, (len(self.sources), 1))
+        self._rates = _SharedRates(offered=prior_offered.copy(), accepted=prior_accepted.copy(),
+                                   prior_offered=prior_offered, prior_accepted=prior_accepted, lock=threading.Lock())
 
     @property
     def concurrent_requests(self) -> bool:
@@ -114,7 +112,7 @@ class CompositeDrafter:
             for r in requests:
                 r.finish()
             raise
-        return CompositeRequest(self, requests)
+        return CompositeRequest(self, requests, self._rates)
 
 
 class CompositeRequest:
@@ -124,20 +122,20 @@ class CompositeRequest:
     returns_valid_trees = True
     lookahead_optional = True   # propose(..., lookahead=False) builds no window
 
-    def __init__(self, drafter: CompositeDrafter, requests: list):
+    def __init__(self, drafter: CompositeDrafter, requests: list, rates: _SharedRates):
         self._drafter = drafter
         self._requests = requests
         self._jacobi = next((r for s, r in zip(drafter.sources, requests) if s is drafter.jacobi), None)
         # the package's own sources take the arguments as this request checked them; others check their own
-        self._observers = [getattr(r, "_observe_checked", None) or r.observe for r in requests
+        self._observers = [getattr(r, "observe_checked", None) or r.observe for r in requests
                            if callable(getattr(r, "observe", None))]
         # sources asked for no window when proposing (the composite drops theirs anyway)
         self._windowless = [getattr(r, "lookahead_optional", False) is True for r in requests]
         # sources whose scores estimate acceptance (the trie): taken at their word, not re-calibrated
         self._at_word = np.array([getattr(r, "scores_estimate_acceptance", False) is True for r in requests])
-        self._prior_offered, self._prior_accepted = drafter._prior_offered, drafter._prior_accepted
-        self.offered, self.accepted = drafter._offered, drafter._accepted   # the drafter's, shared
-        self._lock = drafter._lock
+        self._prior_offered, self._prior_accepted = rates.prior_offered, rates.prior_accepted
+        self.offered, self.accepted = rates.offered, rates.accepted   # the drafter's, shared
+        self._lock = rates.lock
         self._keep = 1.0 - 1.0 / drafter.memory
         self._sources = np.zeros(1, np.int32)  # source bits of the last proposal's nodes
         self._proposed = None                  # (source, score bin, index in the tree) of its input nodes
@@ -160,8 +158,8 @@ class CompositeRequest:
 
     def propose(self, context, budget: int, lookahead: bool = True) -> DraftTree:
         """The sources' candidates merged, and the Jacobi window when `lookahead` (the loop asks
-        for none where the budget keeps dropping it: building it cost ~20 us a step, a quarter of
-        the composite's drafting)."""
+        for none where the budget keeps dropping it: building it is a good share of the
+        composite's drafting, docs/drafters.md)."""
         context = token_array("context", context)
         budget = tree_size("budget", budget)   # refused before any source's state moves
         root = int(context[-1])

@@ -10,7 +10,7 @@ import numba as nb
 import numpy as np
 
 from ..tree_kernels import would_accept
-from .ngram_kernels import merge
+from .merge_kernels import merge
 
 
 @nb.njit(cache=True)
@@ -19,7 +19,7 @@ def merge_sources(tokens, parents, scores, score_bin, lengths, source_ids, at_wo
                   order_key, priority):
     """Merge trees, concatenated without their roots (tree t: `lengths[t]` nodes from source
     `source_ids[t]`, `parents` as the tree numbers its nodes, 0 for its root), into one tree of at
-    most `budget` candidates (ngram_kernels.merge). A node's priority is its own score where its
+    most `budget` candidates (merge_kernels.merge). A node's priority is its own score where its
     source's scores are acceptance estimates (`at_word[source]`), else `calibrated[its source,
     score_bin[node]]`. Fills source (each input node's) and index (its index in the result, -1
     where cut); out_*[0] is the root, its token set by the caller. Returns the node count, root

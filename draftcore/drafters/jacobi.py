@@ -1,9 +1,9 @@
 """The Jacobi lookahead drafter of "Break the Sequential Dependency of LLM Inference Using Lookahead
-Decoding" (Fu et al., 2024), §3.1-3.3: a thin class over draftcore.drafters.ngram_kernels.
+Decoding" (Fu et al., 2024), §3.1-3.3: a thin class over draftcore.drafters.jacobi_kernels.
 
 Each request keeps a 2-D window of N - 1 levels x W positions, initialised with tokens drawn from
 its prompt, that rides in every verify as lookahead nodes (the tree's last nodes; see
-`ngram_kernels` for their parents). The model's token at each window node (`observe`) is one Jacobi
+`jacobi_kernels` for their parents). The model's token at each window node (`observe`) is one Jacobi
 iteration: the newest level extends every trajectory, each diagonal that spans all levels is an
 n-gram the model produced token by token, and it goes to the request's n-gram pool (keyed by its
 first token, at most G per key, least recently used evicted); then the window moves one position on.
@@ -19,11 +19,10 @@ choice: acceptance walks candidates only).
     seed        0        window initialisation (tokens drawn from the prompt)
 
 The paper's W=15, N=5, G=15 (7B models on an A100) means 60 window nodes in every verify; on a CPU
-that costs far more than it brings, so the defaults are smaller: SmolLM2 on HF, 4 HumanEval + 4
-MT-Bench prompts, 16 candidates, tokens per step: W=4 N=4 G=8 (12 window nodes) 1.36 / 1.13,
-W=8 N=3 G=8 (16) 1.48 / 1.24, the paper's (60) 1.59 / 1.48. The cost-aware budget keeps a window
-only while it adds little to a step's cost (`CostAwareBudget(window_cost=0.1)`): on a GPU, where a
-verify of 60 more nodes is nearly free, it rides along; on a CPU it is dropped.
+that costs far more than it brings, so the defaults are smaller (measured: docs/drafters.md). The
+cost-aware budget keeps a window only while it adds little to a step's cost
+(`CostAwareBudget(window_cost=0.1)`): on a GPU, where a verify of 60 more nodes is nearly free, it
+rides along; on a CPU it is dropped.
 """
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ from ..tree import DraftTree
 from ..validate import fits_in_memory, positive_int, token_array, tree_size, within_tree_limit
 from .merge import merge_trees
 
-_KERNELS = "draftcore.drafters.ngram_kernels"
+_KERNELS = "draftcore.drafters.jacobi_kernels"
 _DEPTH_DECAY = 0.8    # candidate score: recency of its n-gram x this per token of depth
 _RANK_DECAY = 0.85
 
@@ -59,7 +58,7 @@ class JacobiDrafter:
         self.seed = positive_int("seed", seed, minimum=0)
         # The window rides in every verify as (N - 1) x W lookahead nodes: no more than one verify holds.
         within_tree_limit("window", self.window, self.window_nodes)
-        # Every request's pool at start (ngram_kernels.new_pool): per row a key (int32) and G n-grams of
+        # Every request's pool at start (jacobi_kernels.new_pool): per row a key (int32) and G n-grams of
         # N - 1 int32 tokens with a stamp (int64) each.
         row_bytes = 4 + self.pool_size * (4 * (self.levels - 1) + 8)
         fits_in_memory(self.pool_rows * row_bytes, "each request's n-gram pool", pool_rows=self.pool_rows,
@@ -159,9 +158,9 @@ class JacobiRequest:
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """One Jacobi iteration from the model's tokens at the window nodes (when the window rode
         in this verify; a window the loop dropped leaves it as it was)."""
-        self._observe_checked(tree, *check_observation(tree, node_tokens, path))
+        self.observe_checked(tree, *check_observation(tree, node_tokens, path))
 
-    def _observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+    def observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """`observe` with the arguments `check_observation` returned (a composite checks once)."""
         if self._ended or tree.n_lookahead != self._n_window or self._n_window == 0:
             return

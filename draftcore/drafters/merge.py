@@ -7,7 +7,7 @@ import numpy as np
 from ..jit import kernels
 from ..tree import DraftTree
 
-_KERNELS = "draftcore.drafters.ngram_kernels"
+_KERNELS = "draftcore.drafters.merge_kernels"
 def merge_trees(root: int, tokens, parents, priority, sources, budget: int):
     """One tree from several (concatenated without their roots; `parents` index the concatenation,
     -1 under the root): shared prefixes merged, best priority first, cut to `budget` candidates.

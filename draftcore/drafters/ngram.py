@@ -17,10 +17,9 @@ between requests, so one NGramDrafter serves any number of concurrent requests.
     learn_from_model True    the model's token at a rejected candidate is counted as a
                              continuation of that candidate's prefix (needs `observe`)
 
-The defaults were chosen by replaying recorded SmolLM2 traces (benchmarks/drafter_replay.py: at 64
-candidates, the paper's chain 1.98 / 1.44 tokens per step on HumanEval / MT-Bench, a tree of 4
-children per node 12 deep 2.19 / 1.53);
-`NGramDrafter.paper()` is the paper's configuration exactly (a chain, no learning from the model).
+The defaults were chosen by replaying recorded SmolLM2 traces (benchmarks/drafter_replay.py; the
+figures: docs/drafters.md); `NGramDrafter.paper()` is the paper's configuration exactly (a chain,
+no learning from the model).
 """
 from __future__ import annotations
 
@@ -128,9 +127,9 @@ class NGramRequest:
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """Count the model's token at each candidate off the accepted path (learn_from_model)."""
-        self._observe_checked(tree, *check_observation(tree, node_tokens, path))
+        self.observe_checked(tree, *check_observation(tree, node_tokens, path))
 
-    def _observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+    def observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """`observe` with the arguments `check_observation` returned (a composite checks once)."""
         if not self._drafter.learn_from_model or self._ended:
             return

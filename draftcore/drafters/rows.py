@@ -36,11 +36,12 @@ agree.
     tree_nodes    4 * max_draft  size of the tree the trie drafts per row (its best chain is cut from it)
     memory        6000      steps after which acceptance evidence has faded to 1/e (None: never)
     explore       0.25      optimism where evidence is thin: explore / sqrt(observations) is added to
-                            a calibrated probability (0: none; replayed HumanEval chains gave 2.06
-                            tokens per step without, 2.43 with 0.25; benchmarks/chain_replay.py)
+                            a calibrated probability (0: none; benchmarks/chain_replay.py measures
+                            it, docs/drafters.md)
     drafter       None      a TrieDrafter to draft from (e.g. TrieDrafter.load(...)); by default a
                             new one of `capacity` nodes. It may be shared with other users: the row
-                            drafter holds max_rows of its request slots for as long as it lives.
+                            drafter holds max_rows of its pool's request slots for as long as it
+                            lives, and drafts under the pool's lock (TriePool, trie_pool.py).
     capacity      262144    nodes of the default TrieDrafter
 
 Memory: a trie slot beyond the first four holds 8 bytes per trie node (2 MB at the default
@@ -60,7 +61,7 @@ from ..validate import fits_in_memory, positive_float, positive_int, tree_size
 from .trie import TrieDrafter
 
 _KERNELS = "draftcore.drafters.row_kernels"
-_TRIE_KERNELS = "draftcore.drafters.trie_kernels"
+_RETRIEVAL = "draftcore.drafters.trie_retrieval_kernels"
 
 
 class RowDrafter:
@@ -70,7 +71,7 @@ class RowDrafter:
                  row_cost: float = 0.16, tree_nodes: int | None = None, memory: float | None = 6000.0,
                  explore: float = 0.25, drafter: TrieDrafter | None = None, capacity: int = 1 << 18):
         K = self._K = kernels(_KERNELS)
-        T = kernels(_TRIE_KERNELS)
+        R = kernels(_RETRIEVAL)
         self.max_rows = positive_int("max_rows", max_rows)
         self.max_len = positive_int("max_len", max_len, minimum=2)
         self.max_draft = tree_size("max_draft", max_draft, minimum=1)   # a chain the engine verifies in one step
@@ -98,28 +99,17 @@ class RowDrafter:
         if drafter is None:
             drafter = TrieDrafter(capacity=capacity, token_limit=self.token_limit, max_requests=self.max_rows)
         self.drafter = drafter
+        pool = self._pool = drafter.pool
         # Hold max_rows request slots of the trie for good: each state of the table owns one, so the
         # kernels never allocate (the trie may still serve other requests in its remaining slots).
-        # The slot arrays grow once, straight to their size: growing by doubling would copy (and so
-        # make resident) every earlier slot's zero pages.
-        with drafter._lock:
-            state = drafter._state
-            n_free = int(np.count_nonzero(~state.live))
-            if n_free < self.max_rows:
-                wanted = state.live.shape[0] + self.max_rows - n_free
-                if wanted > drafter.max_requests:
-                    raise ConfigError(f"drafter: needs max_rows = {self.max_rows} free request slots and has "
-                                      f"{n_free} of max_requests = {drafter.max_requests}; build it with "
-                                      f"max_requests >= {wanted}")
-                state = drafter._state = T.with_slots(state, wanted)
-            self._slots = np.flatnonzero(~state.live)[:self.max_rows].astype(np.int64)
-            state.live[self._slots] = True
+        with pool.lock:
+            self._slots = pool.reserve_slots(self.max_rows)
         try:
             self._table = K.new_table(self.max_rows, self.max_rows, self.max_len, self.max_draft,
                                       drafter.branch_length, self._slots)
         except BaseException as exc:   # give the slots back: a refused construction holds nothing
-            with drafter._lock:
-                drafter._state.live[self._slots] = False
+            with pool.lock:
+                pool.release_slots(self._slots)
             if isinstance(exc, MemoryError):
                 raise ConfigError(f"max_len: a table of max_rows = {self.max_rows} rows of max_len = {self.max_len} "
                                   f"tokens does not fit in memory; expected the longest sequence a row may hold"
@@ -129,10 +119,10 @@ class RowDrafter:
         self._settings = K.RowSettings(max_draft=self.max_draft, tree_nodes=self.tree_nodes, token_cost=self.token_cost,
                                        row_cost=self.row_cost, keep=keep, token_limit=self.token_limit,
                                        explore=self.explore)
-        self._buffers = T.new_buffers(self.tree_nodes)
+        self._buffers = R.new_buffers(self.tree_nodes)
         # Rows draft with the trie's plain scores: its calibration learns from TrieRequests' own
         # proposals, which an engine's rows are not (they keep a calibration of their own).
-        self._trie_settings = drafter._settings._replace(calibrated=False)
+        self._trie_settings = pool.settings._replace(calibrated=False)
         self._out_tokens = np.zeros((self.max_rows, self.max_draft), np.int32)
         self._out_len = np.zeros(self.max_rows, np.int32)
         self._busy = threading.Lock()
@@ -145,7 +135,7 @@ class RowDrafter:
         """Refuse, before the trie's slots are taken, tables that could not fit in memory: each state
         keeps a copy of its row (max_len int32 tokens) and its last chain (max_draft int32 tokens,
         int64 cells, and the int32 output row), and owns a trie slot, whose own counts take 8 bytes a
-        trie node past the first four slots (trie_kernels.with_slots)."""
+        trie node past the first four slots (trie_pool_kernels.with_slots)."""
         fits_in_memory(4 * self.max_rows * self.max_len + 16 * self.max_rows * self.max_draft, "the rows' tables",
                        max_rows=self.max_rows, max_len=self.max_len, max_draft=self.max_draft)
         fits_in_memory(8 * max(self.max_rows - 4, 0) * capacity, "the rows' trie slots", max_rows=self.max_rows,
@@ -163,7 +153,7 @@ class RowDrafter:
         (views of buffers the next call overwrites)."""
         rows, n_tokens, active, limits = self._checked(rows, n_tokens, active, limits)
         n = n_tokens.shape[0]
-        drafter = self.drafter
+        pool = self._pool
         # One batch at a time: a second caller would end the first one's requests (rows it does not
         # hold) and overwrite the chains the first is reading.
         if not self._busy.acquire(blocking=False):
@@ -171,9 +161,9 @@ class RowDrafter:
                             "batch, so give each engine (each thread calling propose) its own RowDrafter "
                             "(they may share one TrieDrafter: drafter=...)")
         try:
-            with drafter._lock:
-                drafter._end_abandoned()
-                refused = self._K.step_rows(drafter._state, self._trie_settings, self._table, self._calibration,
+            with pool.lock:
+                pool.end_abandoned()
+                refused = self._K.step_rows(pool.state, self._trie_settings, self._table, self._calibration,
                                             self._settings, self._buffers, rows, n_tokens, active, limits,
                                             self._out_tokens, self._out_len)
         finally:
@@ -198,16 +188,16 @@ class RowDrafter:
 
     def reset_requests(self) -> None:
         """End every tracked request (what they generated stays in the trie)."""
-        with self.drafter._lock:
-            self._K.end_all(self.drafter._state, self._trie_settings, self._table)
+        with self._pool.lock:
+            self._K.end_all(self._pool.state, self._trie_settings, self._table)
 
     def close(self) -> None:
         """End every tracked request and give the trie's request slots back; idempotent."""
         if self._slots.size == 0:
             return
         self.reset_requests()
-        with self.drafter._lock:
-            self.drafter._state.live[self._slots] = False
+        with self._pool.lock:
+            self._pool.release_slots(self._slots)
         self._slots = self._slots[:0]
 
     def __repr__(self) -> str:

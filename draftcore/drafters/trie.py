@@ -1,6 +1,6 @@
 """The trie drafter of "Lookahead: An Inference Acceleration Framework for Large Language Model with
-Lossless Generation Accuracy" (Zhao et al., KDD 2024), §4.2–4.3: a thin class over the kernels in
-trie_kernels.
+Lossless Generation Accuracy" (Zhao et al., KDD 2024), §4.2–4.3: a thin class over the trie_*_kernels
+modules, around one shared node pool (TriePool, trie_pool.py).
 
 One trie lives across requests, and serves any number of them at once: `start(prompt)` returns a
 `TrieRequest` that holds the request's own state (its token stream, its prompt branches' and its
@@ -8,7 +8,7 @@ output's own counts, in a slot of its own), while the output branches every requ
 shared (and decay when the pool is full). A request also learns, for itself only, the model's
 tokens at its rejected candidates (`observe`; trie_model_kernels). A request's end removes only its
 own prompt branches and what it learnt.
-Every operation on the shared pool holds the drafter's lock, so worker threads may share one
+Every operation on the shared pool holds the pool's lock, so worker threads may share one
 TrieDrafter, each with its own verifier. Save it with `save` (atomic, allowed at any time),
 restore with `load`.
 
@@ -23,8 +23,8 @@ restore with `load`.
     use_top            True      a last stage drafts the most frequent tokens when nothing else fits
     calibrate          True      score candidates by how often such candidates came true (per context
                                  length and relative-weight bin, learnt from this drafter's own
-                                 proposals) and rank all stages together (trie_kernels, "Calibrated
-                                 retrieval"); it applies with fill and the hierarchical or
+                                 proposals) and rank all stages together
+                                 (trie_calibration_kernels); it applies with fill and the hierarchical or
                                  parallel layout only, and `drafter.calibrate` says whether it does
     layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
     token_limit        262144    token ids must be below this (size of the root index)
@@ -48,22 +48,24 @@ import collections
 import inspect
 import os
 import tempfile
-import threading
 import weakref
 
 import numpy as np
 
 from ..checks import check_observation
-from ..errors import BusyError, ConfigError, InputError
+from ..errors import ConfigError, InputError
 from ..tree import DraftTree
 from ..validate import fits_in_memory, flag, positive_float, positive_int, token_array, tree_size
 from ..jit import kernels
+from .trie_pool import SAVED_ARRAYS, TriePool, pool_bytes, saved_problem
 
 LAYOUTS = ("hierarchical", "parallel", "single")
 _SAVE_FORMAT = 2      # 2 adds the calibration (`cal`); format-1 files load with the prior
-_KERNELS = "draftcore.drafters.trie_kernels"
-_MODEL_KERNELS = "draftcore.drafters.trie_model_kernels"
-_SAVED_ARRAYS = ("links", "freq", "free", "root", "meta", "cal")  # the TrieState fields a file holds
+_POOL = "draftcore.drafters.trie_pool_kernels"            # Settings and the node layout
+_COUNT = "draftcore.drafters.trie_count_kernels"          # a request's counting and its end
+_RETRIEVAL = "draftcore.drafters.trie_retrieval_kernels"  # drafting, one step in one call
+_CALIBRATION = "draftcore.drafters.trie_calibration_kernels"   # learning what came true
+_MODEL = "draftcore.drafters.trie_model_kernels"          # learning the model's tokens
 _DEFAULT_BUDGET = 64  # draft buffers are sized for this many nodes until a larger budget comes
 _FIRST_SLOTS = 4      # request slots allocated up front; more (up to max_requests) as requests arrive
 _FILE_OPTIONS = ("capacity", "branch_length", "token_limit")  # what `load` takes from the file
@@ -71,7 +73,7 @@ _PENDING = 16         # drafts a request remembers for the calibration; an older
 
 
 def _setting(name: str) -> property:
-    return property(lambda self: getattr(self._settings, name), doc=f"{name} (fixed at construction)")
+    return property(lambda self: getattr(self.pool.settings, name), doc=f"{name} (fixed at construction)")
 
 
 class TrieDrafter:
@@ -93,8 +95,9 @@ class TrieDrafter:
                  max_requests: int = 32, insert_prompt: bool = True, insert_output: bool = True,
                  eliminate_prompt: bool = True, learn_from_model: bool = True, learn_context: int = 4,
                  learn_capacity: int = 1024):
-        K = self._K = kernels(_KERNELS)
-        self._model_kernels = kernels(_MODEL_KERNELS)
+        for name in (_COUNT, _RETRIEVAL, _CALIBRATION, _MODEL):   # loaded now, not inside a timed step
+            kernels(name)
+        K = kernels(_POOL)
         self.branch_length = positive_int("branch_length", branch_length, minimum=2)
         self.capacity = positive_int("capacity", capacity)
         if self.capacity <= 2 * self.branch_length:
@@ -105,7 +108,7 @@ class TrieDrafter:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         # Plain int / float / bool fields: the types warm_up compiled the kernels for. `calibrated`
         # is resolved here, once: the kernels, requests and replay read only this flag.
-        self._settings = K.Settings(
+        settings = K.Settings(
             max_match=positive_int("max_match", max_match),
             prompt_weight=positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True),
             recent_weight=positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True),
@@ -116,7 +119,6 @@ class TrieDrafter:
         self.layout = layout
         self.token_limit = positive_int("token_limit", token_limit)
         fits_in_memory(4 * self.token_limit, "the trie's root index", token_limit=self.token_limit)   # int32 per id
-        # Slots past the first four grow with the requests in progress (with_slots), not up front.
         self.max_requests = positive_int("max_requests", max_requests)
         self.insert_prompt = flag("insert_prompt", insert_prompt)
         self.insert_output = flag("insert_output", insert_output)
@@ -127,11 +129,9 @@ class TrieDrafter:
         # every request's ring (trie_model_kernels.new_learnt): a snippet's tokens and its length, int32
         fits_in_memory(4 * self.learn_capacity * (self.learn_context + 2), "each request's ring of snippets",
                        learn_capacity=self.learn_capacity, learn_context=self.learn_context)
-        self._state = K.new_state(self.capacity, self.token_limit, min(_FIRST_SLOTS, self.max_requests))
-        self._lock = threading.Lock()  # held by every kernel call on the shared pool
-        # Requests dropped without finish(): their finalizers only append here (a finalizer may run
-        # inside any thread, even one holding the lock); the next operation ends them.
-        self._abandoned: collections.deque = collections.deque()
+        # The node pool, its lock, settings and request slots: shared with any RowDrafter drafting from it.
+        self.pool = TriePool(settings, capacity=self.capacity, token_limit=self.token_limit,
+                             max_requests=self.max_requests, first_slots=_FIRST_SLOTS)
 
     @classmethod
     def paper(cls, **options) -> "TrieDrafter":
@@ -145,8 +145,7 @@ class TrieDrafter:
 
     def __repr__(self) -> str:
         # The pool as it stands: tokens a request appended since its last propose are not counted yet.
-        in_use = self.capacity - int(self._state.meta[self._K.N_FREE])
-        return (f"TrieDrafter(capacity={self.capacity}, nodes_in_use={in_use}, requests_in_progress="
+        return (f"TrieDrafter(capacity={self.capacity}, nodes_in_use={self.n_nodes}, requests_in_progress="
                 f"{self.requests_in_progress}, branch_length={self.branch_length}, layout={self.layout!r})")
 
     # -- Drafter protocol -------------------------------------------------------------------------
@@ -154,10 +153,10 @@ class TrieDrafter:
         """Begin a request: insert the prompt's branches (every start position) as the request's
         own PROMPT counts. Returns the request's handle (propose, update, finish)."""
         prompt = token_array("prompt", prompt, vocab_size=self.token_limit)
-        with self._lock:
-            self._end_abandoned()
-            core = _RequestCore(self._take_slot(), prompt, self)
-            self._count(core)
+        with self.pool.lock:
+            self.pool.end_abandoned()
+            core = _RequestCore(self, prompt)
+            core.count()
         return TrieRequest(self, core)
 
     # -- beyond the protocol ----------------------------------------------------------------------
@@ -166,44 +165,45 @@ class TrieDrafter:
         (no request's own counts weigh in): to inspect the trie, or to draft without a request."""
         context = token_array("context", context, vocab_size=self.token_limit)
         budget = tree_size("budget", budget)   # its buffers are sized by it
-        with self._lock:
-            self._end_abandoned()
-            core = _RequestCore(self._take_slot(), context[:0], self, count_prompt=False)
-            core.buffers = self._K.new_buffers(budget)
+        pool, R = self.pool, kernels(_RETRIEVAL)
+        with pool.lock:
+            pool.end_abandoned()
+            core = _RequestCore(self, context[:0], count_prompt=False)
+            core.buffers = R.new_buffers(budget)
             try:
-                n = self._K.retrieve(self._state, self._settings, core.cursor, core.buffers, context, budget)
+                n = R.retrieve(pool.state, pool.settings, core.cursor, core.buffers, context, budget)
             finally:
-                self._state.live[core.slot] = False  # nothing was counted: the slot is still all zero
+                pool.release_slots(core.slot)  # nothing was counted: the slot is still all zero
         return core.tree(n, self.layout, budget)
 
     @property
     def requests_in_progress(self) -> int:
         """Requests started and not finished (nor dropped and cleaned up)."""
-        return int(self._state.live.sum())
+        return self.pool.requests_in_progress
 
     def warm_up(self, sequences) -> None:
         """Insert a corpus of token sequences (e.g. past outputs) as persistent OUTPUT branches;
         requests in progress are unaffected but for what they learn from it."""
         sequences = [token_array(f"sequences[{i}]", seq, vocab_size=self.token_limit, allow_empty=True)
                      for i, seq in enumerate(sequences)]
-        with self._lock:
-            self._end_abandoned()
+        with self.pool.lock:
+            self.pool.end_abandoned()
             for seq in sequences:  # each a request of its own, all output
-                core = _RequestCore(self._take_slot(), seq[:0], self, count_prompt=False)
+                core = _RequestCore(self, seq[:0], count_prompt=False)
                 core.count_output = True  # a corpus is inserted whatever insert_output says
                 core.append(seq)
-                self._end(core)
+                core.end()
 
     @property
     def n_nodes(self) -> int:
         """Live nodes in the pool (never more than capacity); a request's tokens are counted at its
         next propose."""
-        return self.capacity - int(self._state.meta[self._K.N_FREE])
+        return self.pool.n_nodes
 
     def check_integrity(self) -> None:
         """Raise InputError if the pool's links, free list or counts are inconsistent (for tests)."""
-        with self._lock:
-            code, node = self._K.find_corruption(self._state)
+        with self.pool.lock:
+            code, node = self.pool.find_corruption()
         if code:
             raise InputError(f"trie: corrupt node pool (check {code}) at node {node}; see find_corruption")
 
@@ -213,28 +213,21 @@ class TrieDrafter:
         write leaves the previous file as it was. Allowed while requests are in progress: their
         own counts are not saved; the calibration learnt so far is (a loaded trie ranks its
         candidates as this one does). The file is written at `path` exactly (no .npz suffix)."""
-        K = self._K
         if not isinstance(path, (str, os.PathLike)) or os.path.isdir(path):
             raise InputError(f"path: expected the path of a file to write (str or os.PathLike, not a folder), "
                              f"got {path!r}")
         folder = os.path.dirname(os.path.abspath(os.fspath(path)))
         if not os.path.isdir(folder):
             raise InputError(f"path: {str(path)!r} is in {folder!r}, which is not an existing folder")
-        with self._lock:
-            state = self._state
-            config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
-            links = state.links[:, :K.SIBLING + 1].copy()
-            freq = state.freq[:, K.PROMPT:K.RECENT + 1].copy()
-            free, root, meta, cal = state.free.copy(), state.root.copy(), state.meta.copy(), state.cal.copy()
-        freq[:, [0, K.RECENT - K.PROMPT]] = 0.0  # PROMPT, RECENT: the live requests' own, not the trie's
-        _write_atomically(path, folder, lambda f: np.savez(f, config=config, links=links, freq=freq, free=free,
-                                                          root=root, meta=meta, cal=cal))
+        config = np.array([_SAVE_FORMAT, self.capacity, self.branch_length, self.token_limit], np.int64)
+        with self.pool.lock:
+            arrays = self.pool.saved_arrays()
+        _write_atomically(path, folder, lambda f: np.savez(f, config=config, **arrays))
 
     @classmethod
     def load(cls, path, **options) -> "TrieDrafter":
         """Read a trie written by `save`, validating every array before using any; `options` as
         for the constructor, except capacity, branch_length and token_limit, which the file holds."""
-        K = kernels(_KERNELS)
         fixed = sorted(set(options) & set(_FILE_OPTIONS))
         unknown = sorted(set(options) - set(inspect.signature(cls.__init__).parameters))
         if unknown:
@@ -243,12 +236,12 @@ class TrieDrafter:
         if fixed:
             raise ConfigError(f"{fixed[0]}: TrieDrafter.load takes {', '.join(_FILE_OPTIONS)} from the file; "
                               f"got {fixed[0]}={options[fixed[0]]!r} as well (drop it)")
-        expected = f"a TrieDrafter file (.npz of config, {', '.join(_SAVED_ARRAYS)})"
+        expected = f"a TrieDrafter file (.npz of config, {', '.join(SAVED_ARRAYS)})"
         try:
             with np.load(path, allow_pickle=False) as data:
                 config = np.asarray(data["config"])
                 # Format 1 (before the calibration was saved) has no `cal`: it loads with the prior.
-                names = _SAVED_ARRAYS[:-1] if config.shape == (4,) and config[0] == 1 else _SAVED_ARRAYS
+                names = SAVED_ARRAYS[:-1] if config.shape == (4,) and config[0] == 1 else SAVED_ARRAYS
                 arrays = {name: np.asarray(data[name]) for name in names}
         except Exception as exc:  # zip, pickle, key, type errors alike: the file is not ours
             raise InputError(f"path: {str(path)!r} is not {expected}: {type(exc).__name__}: {exc}") from exc
@@ -256,76 +249,19 @@ class TrieDrafter:
             raise InputError(f"path: {str(path)!r} has config {config!r}; expected int64[4] = "
                              f"[{_SAVE_FORMAT} (or 1), capacity, branch_length, token_limit]")
         capacity, branch_length, token_limit = (int(v) for v in config[1:])
-        shapes = {"links": ((capacity, K.SIBLING + 1), np.int32), "freq": ((capacity, 3), np.float32),
-                  "free": ((capacity,), np.int32), "root": ((token_limit,), np.int32), "meta": ((8,), np.int64),
-                  "cal": ((2, K.CAL_CELLS), np.float64)}
-        for name, got in arrays.items():
-            shape, dtype = shapes[name]
-            if got.shape != shape or got.dtype != dtype:
-                raise InputError(f"path: {str(path)!r} array {name!r} has shape {got.shape} dtype {got.dtype}; "
-                                 f"expected shape {shape} dtype {np.dtype(dtype)}")
-        if arrays["freq"][:, [0, 2]].any():
-            raise InputError(f"path: {str(path)!r} holds a request's own counts (PROMPT or RECENT not zero); "
-                             f"files written by save() never do")
-        cal = arrays["cal"] if "cal" in arrays else K.new_calibration()   # format 1: the prior
-        _check_calibration(path, cal, K.CAL_CAP)
+        problem = saved_problem(arrays, capacity, token_limit)   # format 1, without `cal`: the prior
+        if problem:
+            raise InputError(f"path: {str(path)!r} {problem}")
         # The shapes match the config, so the drafter allocates no more than the file holds.
         try:
             drafter = cls(capacity=capacity, branch_length=branch_length, token_limit=token_limit, **options)
         except ConfigError as exc:
             raise InputError(f"path: {str(path)!r} holds an unusable configuration: {exc}") from exc
-        links = K.new_rows(capacity)   # the saved columns, packed into node rows
-        links[:, :K.SIBLING + 1] = arrays["links"]
-        freq = links.view(np.float32)
-        freq[:, K.PROMPT:K.RECENT + 1] = arrays["freq"]
-        free, root, meta, cal = (np.ascontiguousarray(a) for a in (arrays["free"], arrays["root"], arrays["meta"], cal))
-        state = drafter._state._replace(links=links, freq=freq, free=free, root=root, meta=meta, cal=cal)
-        code, node = K.find_corruption(state)
+        with drafter.pool.lock:
+            code, node = drafter.pool.restore(arrays)
         if code:
             raise InputError(f"path: {str(path)!r} holds a corrupt trie (check {code} fails at node {node})")
-        drafter._state = state
-        K.refresh_top(state, drafter._settings)
         return drafter
-
-    # -- internals (callers hold self._lock) ------------------------------------------------------
-    def _take_slot(self) -> int:
-        """A free request slot, growing the slot arrays (up to max_requests) when all are taken."""
-        state = self._state
-        free = np.flatnonzero(~state.live)
-        if free.size == 0:
-            n = state.live.shape[0]
-            if n >= self.max_requests:
-                raise BusyError(f"drafter: all max_requests={self.max_requests} request slots of this TrieDrafter "
-                                f"are in use; finish (or close the streams of) requests in progress, or "
-                                f"construct it with a larger max_requests")
-            state = self._state = self._K.with_slots(state, min(2 * n, self.max_requests))
-            free = np.flatnonzero(~state.live)
-        slot = int(free[0])
-        state.live[slot] = True
-        return slot
-
-    def _count(self, core: "_RequestCore") -> None:
-        """Count the branches of the tokens `core` appended since its last count."""
-        if core.n_counted < core.n_stream:
-            self._K.extend(self._state, self._settings, core.stream(), core.cursor)
-            core.n_counted = core.n_stream
-
-    def _end(self, core: "_RequestCore") -> None:
-        """Branch eliminating for one request; frees its slot."""
-        self._count(core)
-        if core.proposals:
-            core.learn(self._state, final=True)
-        if core.learnt is not None and core.learnt.ring[self._model_kernels.RING_COUNT]:   # anything learnt
-            self._model_kernels.forget_all(self._state, core.slot, core.learnt)
-        self._K.end_request(self._state, self._settings, core.stream(), core.cursor, not self.eliminate_prompt)
-        self._state.live[core.slot] = False
-        core.ended = True
-
-    def _end_abandoned(self) -> None:
-        while self._abandoned:
-            core = self._abandoned.popleft()
-            if not core.ended:
-                self._end(core)
 
 
 class TrieRequest:
@@ -337,13 +273,15 @@ class TrieRequest:
     scores_estimate_acceptance = True   # w(v) / w(u): a composite takes them at their word
 
     def __init__(self, drafter: TrieDrafter, core: "_RequestCore"):
-        self._drafter, self._core = drafter, core
-        self._finalizer = weakref.finalize(self, drafter._abandoned.append, core)
-        # What every step reads, looked up once (a step's host work is a few µs; lookups add up).
-        self._lock, self._abandoned, self._step = drafter._lock, drafter._abandoned, drafter._K.step
-        self._token_limit, self._settings, self._layout = drafter.token_limit, drafter._settings, drafter.layout
+        self._core = core
+        pool = self._pool = drafter.pool
+        self._finalizer = weakref.finalize(self, pool.abandon, core.end)
+        # What every step reads, looked up once (a step's host work is short, so lookups add up).
+        self._lock, self._settings, self._step = pool.lock, pool.settings, kernels(_RETRIEVAL).step
+        self._new_buffers = kernels(_RETRIEVAL).new_buffers
+        self._token_limit, self._layout = drafter.token_limit, drafter.layout
         self._calibrating = drafter.calibrate
-        self._learn_model = drafter._model_kernels.learn
+        self._learn_model = kernels(_MODEL).learn
 
     def __repr__(self) -> str:
         core = self._core
@@ -368,15 +306,15 @@ class TrieRequest:
         if type(budget) is not int or not 0 <= budget < buffers.tokens.shape[0]:
             budget = tree_size("budget", budget)   # before the buffers grow to it
             if budget >= buffers.tokens.shape[0]:
-                buffers = core.buffers = self._drafter._K.new_buffers(budget)
+                buffers = core.buffers = self._new_buffers(budget)
         if core.ended:
             self._refuse("propose")
+        pool = self._pool
         with self._lock:
-            if self._abandoned:
-                self._drafter._end_abandoned()
+            pool.end_abandoned()
             if core.proposals:
-                core.learn(self._drafter._state, final=False)
-            n = self._step(self._drafter._state, self._settings, core.stream(), core.cursor, buffers, context, budget)
+                core.learn(final=False)
+            n = self._step(pool.state, self._settings, core.stream(), core.cursor, buffers, context, budget)
             core.n_counted = core.n_stream
         tree = core.tree(n, self._layout, budget)  # from this request's own buffers, outside the lock
         if self._calibrating and context.shape[0] == core.n_stream:
@@ -391,9 +329,9 @@ class TrieRequest:
         if self._core.ended:
             self._refuse("observe")
         # tokens at or beyond token_limit are the model's too: the kernels skip them (the trie cannot hold them)
-        self._observe_checked(tree, *check_observation(tree, node_tokens, path))
+        self.observe_checked(tree, *check_observation(tree, node_tokens, path))
 
-    def _observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+    def observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         """`observe` with the arguments `check_observation` returned (a composite checks once for all
         its sources)."""
         core = self._core
@@ -406,10 +344,10 @@ class TrieRequest:
         m = tree.n_candidates
         if m <= 1:
             return
+        pool = self._pool
         with self._lock:
-            if self._abandoned:
-                self._drafter._end_abandoned()
-            self._learn_model(self._drafter._state, self._settings, core.slot, core.learnt, context, tree.tokens,
+            pool.end_abandoned()
+            self._learn_model(pool.state, self._settings, core.slot, core.learnt, context, tree.tokens,
                               tree.parents, m, node_tokens, path)
 
     def finish(self) -> None:
@@ -418,33 +356,35 @@ class TrieRequest:
         if self._core.ended:
             return
         self._finalizer.detach()
-        with self._drafter._lock:
-            if not self._core.ended:
-                self._drafter._end(self._core)
+        with self._lock:
+            self._core.end()
 
     def _refuse(self, what: str) -> None:
         raise InputError(f"request: {what}() called on {self!r}, which has finished; start a new request")
 
 
 class _RequestCore:
-    """A request's own state, apart from its handle so that a finalizer can end it: its slot and
-    front (the kernels' cursor array), its token stream and its draft buffers."""
+    """A request's own state, apart from its handle so that a finalizer can end it: its slot of the
+    pool and front (the kernels' cursor array), its token stream and its draft buffers. Built, and
+    its count / learn / end called, with the pool's lock held."""
 
-    def __init__(self, slot: int, prompt: np.ndarray, drafter: TrieDrafter, count_prompt: bool = True):
-        K = drafter._K
-        self.slot = slot
-        self.cursor = K.new_cursor(slot, drafter.branch_length, int(drafter._state.meta[K.N_PRUNES]))
+    def __init__(self, drafter: TrieDrafter, prompt: np.ndarray, count_prompt: bool = True):
+        pool = self.pool = drafter.pool
+        C = kernels(_COUNT)
+        self.slot = pool.take_slot()
+        self.cursor = C.new_cursor(self.slot, drafter.branch_length, pool.prunes)
         self.tokens = np.empty(max(64, 2 * prompt.shape[0]), np.int32)
         self.tokens[:prompt.shape[0]] = prompt
         self.n_stream = self.n_prompt = prompt.shape[0]
         self.count_from = 0 if drafter.insert_prompt and count_prompt else self.n_prompt
         self.n_counted = self.count_from
         self.count_output = drafter.insert_output
-        self.buffers = K.new_buffers(_DEFAULT_BUDGET)
-        self.make_stream = K.Stream
-        self.learn_kernel = K.learn
+        self.keep_prompt = not drafter.eliminate_prompt
+        self.buffers = kernels(_RETRIEVAL).new_buffers(_DEFAULT_BUDGET)
+        self.make_stream = C.Stream
+        self.learn_kernel = kernels(_CALIBRATION).learn
         self.proposals: collections.deque = collections.deque()   # (stream length, draft rows) not yet learnt from
-        self.learnt = (drafter._model_kernels.new_learnt(drafter.learn_capacity, drafter.learn_context)
+        self.learnt = (kernels(_MODEL).new_learnt(drafter.learn_capacity, drafter.learn_context)
                        if drafter.learn_from_model and count_prompt else None)   # the model's tokens learnt
         self.context = None   # the context of the last propose, until its tree is observed
         self.ended = False
@@ -475,28 +415,44 @@ class _RequestCore:
         what became of it (`learn`, at the next propose)."""
         self.proposals.append((self.n_stream, self.buffers.tokens.base[:, :n].copy()))
 
-    def learn(self, state, final: bool) -> None:
-        """Teach the calibration (`state.cal`, shared: the caller holds the drafter's lock) what
-        became of the remembered drafts the stream now settles: all of them when `final`, and the
-        oldest as it stands when more than _PENDING wait (a long chain may take many steps)."""
+    def learn(self, final: bool) -> None:
+        """Teach the pool's calibration (shared by its requests) what became of the remembered drafts
+        the stream now settles: all of them when `final`, and the oldest as it stands when more than
+        _PENDING wait (a long chain may take many steps)."""
         stream = self.tokens[:self.n_stream]
+        cal = self.pool.state.cal
         while self.proposals:
             pos, rows = self.proposals[0]
-            if not self.learn_kernel(state, stream, pos, rows[0], rows[1], rows[2], rows[4],
+            if not self.learn_kernel(cal, stream, pos, rows[0], rows[1], rows[2], rows[4],
                                      final or len(self.proposals) > _PENDING):
                 break
             self.proposals.popleft()
 
     def stream(self):
         """The tokens as the kernels take them: Stream(tokens, begin, end, n_prompt, count_from),
-        built positionally (half the cost of keywords, and it is built every step)."""
+        built positionally (cheaper than keywords, and it is built every step)."""
         return self.make_stream(self.tokens, self.n_counted, self.n_stream, self.n_prompt, self.count_from)
 
+    def count(self) -> None:
+        """Count the branches of the tokens appended since the last count."""
+        if self.n_counted < self.n_stream:
+            kernels(_COUNT).extend(self.pool.state, self.pool.settings, self.stream(), self.cursor)
+            self.n_counted = self.n_stream
 
-def pool_bytes(capacity: int) -> int:
-    """Bytes a trie's node pool of `capacity` nodes takes: a node row (trie_kernels.ROW int32s: links,
-    counts, the first request slots' own counts) and a free-list entry each."""
-    return capacity * 4 * (kernels(_KERNELS).ROW + 1)
+    def end(self) -> None:
+        """Branch eliminating: take this request's own counts back and free its slot; idempotent
+        (finish, or the pool's end_abandoned for a request dropped without it)."""
+        if self.ended:
+            return
+        self.count()
+        if self.proposals:
+            self.learn(final=True)
+        pool, M = self.pool, kernels(_MODEL)
+        if self.learnt is not None and self.learnt.ring[M.RING_COUNT]:   # anything learnt
+            M.forget_all(pool.state, self.slot, self.learnt)
+        kernels(_COUNT).end_request(pool.state, pool.settings, self.stream(), self.cursor, self.keep_prompt)
+        pool.release_slots(self.slot)
+        self.ended = True
 
 
 def _check_continues(tree: DraftTree, path: np.ndarray, context: np.ndarray) -> None:
@@ -508,17 +464,6 @@ def _check_continues(tree: DraftTree, path: np.ndarray, context: np.ndarray) -> 
     if int(tree.tokens[0]) != int(context[-1]):
         raise InputError(f"tree: its root token {int(tree.tokens[0])} is not the last token {int(context[-1])} "
                          f"of the context proposed for; observe the tree of the last propose")
-
-
-def _check_calibration(path, cal: np.ndarray, cap: float) -> None:
-    """Refuse a saved calibration that learning could not have produced: per cell, candidates in
-    (0, cap) (the prior is positive; a count halves on reaching cap) and hits in [0, candidates]."""
-    counts, hits = cal
-    bad = ~(np.isfinite(counts) & np.isfinite(hits) & (counts > 0) & (counts < cap) & (hits >= 0) & (hits <= counts))
-    if bad.any():
-        cell = int(np.flatnonzero(bad)[0])
-        raise InputError(f"path: {str(path)!r} array 'cal' has cell {cell} = (candidates {counts[cell]!r}, hits "
-                         f"{hits[cell]!r}); expected 0 < candidates < {cap:g} and 0 <= hits <= candidates")
 
 
 def _write_atomically(path, folder: str, write) -> None:

@@ -15,15 +15,14 @@ PROMPT count, in the request's own counts and in the sums. The suffix node itsel
 its other continuations keep their relative weights, and t is offered after that suffix with the
 weight of one prompt occurrence (prompt_weight). Counting the whole branch, suffix nodes included,
 as a prompt branch is counted, was measured first and lost on MT-Bench (it dilutes every other
-continuation of the suffix): 1.60 tokens per step against 1.69 without learning, where this rule
-gave 1.74 (benchmarks/model_outputs_value.py, fixed budget 8).
+continuation of the suffix; docs/drafters.md).
 
 Learnt nodes are at depth 2 or more, so the root's children and stage 0 (`top`) never change
 here, but for decay. Such a count does not hold up its parent as a prompt branch does: when decay
 frees the suffix node, the learnt child goes with it (its counts with the node). So forgetting is
 by walking again: a snippet forgotten takes one own PROMPT count (not below 0) from each learnt
 child still in the trie, and a child that falls below 1 is freed with what is below it (a local
-prune, as trie_kernels.end_request does). The request's end forgets every snippet, which leaves its
+prune, as trie_count_kernels.end_request does). The request's end forgets every snippet, which leaves its
 own counts of them exactly zero (every count was given by one snippet, and every snippet walks
 again). The snippets live in a ring of bounded size (`Learnt`): when it is full, the oldest is
 forgotten to make room.
@@ -37,8 +36,10 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from .trie_kernels import (N_FREE, OUTPUT, OWN_PROMPT, PROMPT, ROOT, _add_child, _child, _find_path,
-                           _give_back_prompt, _own_view, _prune_lists, make_room, refresh_top)
+from .trie_candidate_kernels import refresh_top
+from .trie_count_kernels import Stream, extend, new_cursor
+from .trie_pool_kernels import (N_FREE, OUTPUT, OWN_PROMPT, PROMPT, ROOT, add_child, find_child, find_path,
+                                give_back_prompt, make_room, new_state, own_view, prune_lists, warm_up_settings)
 
 Learnt = namedtuple("Learnt", "tokens lengths ring")
 RING_OLDEST, RING_COUNT = 0, 1
@@ -54,10 +55,10 @@ def _learnt_node(state, snippet, s):
     """(suffix node, its child holding the model's token) for the suffix snippet[s:-1]; -1 where
     missing."""
     last = snippet.shape[0] - 1
-    parent = _find_path(state, snippet, s, last)
+    parent = find_path(state, snippet, s, last)
     if parent < 0:
         return -1, -1
-    return parent, _child(state.links, state.root, parent, snippet[last])
+    return parent, find_child(state.links, state.root, parent, snippet[last])
 
 
 @nb.njit(cache=True)
@@ -71,7 +72,7 @@ def _count_snippet(state, own, snippet, first):
         if parent < 0:
             continue
         if node < 0:
-            node = _add_child(state, parent, snippet[last])
+            node = add_child(state, parent, snippet[last])
             if node < 0:
                 continue
         freq[node, PROMPT] += 1.0
@@ -81,13 +82,13 @@ def _count_snippet(state, own, snippet, first):
 @nb.njit(cache=True)
 def _uncount_snippet(state, own, snippet, first, touched):
     """Take back what _count_snippet gave, where the nodes still stand; the parent of a child that
-    fell below 1 goes to `touched` (for _prune_lists)."""
+    fell below 1 goes to `touched` (for prune_lists)."""
     freq = state.freq
     for s in range(first, snippet.shape[0] - 1):
         parent, node = _learnt_node(state, snippet, s)
         if node < 0:
             continue
-        _give_back_prompt(freq, own, node)
+        give_back_prompt(freq, own, node)
         if freq[node, PROMPT] + freq[node, OUTPUT] < 1.0:
             touched.append(parent)
 
@@ -109,7 +110,7 @@ def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates,
     `path` (node indices; path nodes' continuations arrive as accepted tokens), after up to `tail`
     tokens of its prefix; a full ring forgets its oldest snippet first. When fewer than `tail`
     nodes are free, make_room runs first (as `extend` does before a token)."""
-    own = _own_view(state, slot)
+    own = own_view(state, slot)
     token_limit = state.root.shape[0]
     capacity = state.links.shape[0]
     tail_plus = learnt.tokens.shape[1]
@@ -148,7 +149,7 @@ def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates,
         learnt.lengths[at] = tail_plus - first
         learnt.ring[RING_COUNT] += 1
     if len(touched) > 0:
-        _prune_lists(state, touched)
+        prune_lists(state, touched)
     if decayed:
         refresh_top(state, settings)
 
@@ -157,23 +158,21 @@ def learn(state, settings, slot, learnt, context, tokens, parents, n_candidates,
 def forget_all(state, slot, learnt):
     """Take back every snippet's counts (a request's end, before its branch eliminating) and free
     the learnt children that fell below 1; the ring is left empty."""
-    own = _own_view(state, slot)
+    own = own_view(state, slot)
     touched = [ROOT][:0]
     while learnt.ring[RING_COUNT] > 0:
         _forget_oldest(state, own, learnt, touched)
     learnt.ring[RING_OLDEST] = 0
     if len(touched) > 0:
-        _prune_lists(state, touched)
+        prune_lists(state, touched)
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) both kernels on a throwaway pool, with the argument
     types TrieRequest passes (draftcore.jit)."""
-    from .trie_kernels import MODE_HIERARCHICAL, Settings, Stream, extend, new_cursor, new_state
     state = new_state(64, 16, 1)
     state.live[0] = True
-    settings = Settings(max_match=3, prompt_weight=2.0, recent_weight=2.0, min_stage_nodes=2, fill=True,
-                        use_top=True, mode=MODE_HIERARCHICAL, calibrated=True)
+    settings = warm_up_settings()
     context = np.array([1, 2, 3], np.int32)
     extend(state, settings, Stream(tokens=context, begin=0, end=3, n_prompt=3, count_from=0), new_cursor(0, 4, 0))
     learnt = new_learnt(2, 3)

@@ -1,5 +1,9 @@
-"""draftcore's tooling: the benchmark harness, datasets, trace recording and replay, the CLI.
+"""draftcore's tooling: the benchmark harness, datasets, trace recording and replay, the CLI, and
+every harness that drives a backend.
 
-Depends on the runtime (`draftcore`), never the other way round; backends are found through
-`draftcore.tools.backends` (entry points), so nothing here names an adapter.
+Depends on the runtime (`draftcore`) and the adapters, never the other way round: the runtime and
+the adapters import nothing from here. Only backends/ names adapters (each backend's bench hooks,
+`make demo`, the vLLM engines); the modules here find backends through `draftcore.tools.backends`
+(entry points), so a third-party backend plugs in the same way. variants.py registers the drafter
+variants kept for measurement; fixtures/ holds the models and references tests and benchmarks share.
 """

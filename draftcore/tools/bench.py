@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..validate import positive_int
+from . import variants  # noqa: F401  (registers the measured variants: every method runs them by name)
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Method:
 
 def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token_id=None, sampling=None,
                      count_forwards: Callable[[], int] | None = None, drafter: str = "trie") -> Method:
-    """draftcore.speculate over `verifier` with a drafter (by name, DRAFTER_NAMES) and a budget that
+    """draftcore.speculate over `verifier` with a drafter (by name, drafter_names()) and a budget that
     live across one dataset's prompts (as a server keeps them across requests) and start afresh with
     each dataset.
 
@@ -77,7 +78,7 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
 
 
 def fixed_budget_method(name: str, max_draft: int | None = None) -> tuple[str, int] | None:
-    """(drafter, n) for a method name "DRAFTER-fixedN" (a drafter of DRAFTER_NAMES verifying up to
+    """(drafter, n) for a method name "DRAFTER-fixedN" (a drafter of drafter_names() verifying up to
     N drafted nodes every step, FixedBudget(N)), else None. A fixed size beside the auto budget shows
     what the budget's choices cost or gain on this machine. A drafter's lookahead window (jacobi,
     composite) rides along whole with the N nodes, as FixedBudget keeps it: only the cost-aware budget
@@ -85,11 +86,11 @@ def fixed_budget_method(name: str, max_draft: int | None = None) -> tuple[str, i
 
     max_draft: the most drafted nodes the backend's verifier takes; a larger N is a ConfigError.
     """
-    from ..drafters import DRAFTER_NAMES
+    from ..drafters import drafter_names
     from ..errors import ConfigError
 
     match = re.fullmatch(r"(.+)-fixed(\d+)", name)
-    if match is None or match.group(1) not in DRAFTER_NAMES:
+    if match is None or match.group(1) not in drafter_names():
         return None
     n = int(match.group(2))
     if max_draft is not None and n > max_draft:

@@ -16,8 +16,9 @@ import json
 import os
 import sys
 
-from ..drafters import DRAFTER_NAMES
+from ..drafters import drafter_names
 from ..errors import ConfigError, DraftcoreError, InputError
+from . import variants  # noqa: F401  (registers the measured variants: --drafter and --methods take them)
 
 # (flag, TrieDrafter argument, argparse options): only the flags given reach TrieDrafter
 _TRIE_OPTIONS = (
@@ -252,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", choices=["auto", "smollm2", "bytes"], default="auto",
                    help="tokenizer of --humaneval-canonical")
     p.add_argument("--eos", type=int, default=None, help="EOS token id of the traces")
-    p.add_argument("--drafter", choices=DRAFTER_NAMES, default=None,
+    p.add_argument("--drafter", choices=drafter_names(), default=None,
                    help="a drafter by name (default: the library's, the verifier's session drafter)")
     p.add_argument("--budget", type=_budget, default=None, metavar="N|auto",
                    help="drafted candidates verified per step (default: auto, the library's CostAwareBudget)")

@@ -28,6 +28,7 @@ from ..session import Session, default_drafter
 from ..speculate import speculate
 from ..tree import DraftTree
 from ..validate import positive_int
+from . import variants  # noqa: F401  (registers the measured variants: replay runs them by name)
 from .cost_model import CostModel, SimulatedClock
 from .traces import Trace
 
@@ -258,7 +259,7 @@ def replay(traces, drafter=None, *, budget=None, cost="hf-cpu", eos_token_id=Non
     """Replay `traces` in order through one TraceVerifier; a summary per dataset.
 
     drafter: None (the library's default: the verifier's session drafter, kept across traces), a
-        name from DRAFTER_NAMES or a Drafter object (kept across traces), or a callable returning a
+        name from drafter_names() or a Drafter object (kept across traces), or a callable returning a
         new Drafter. A replay knows the model's token only at nodes on the recorded output, so a
         Jacobi window learns only where its guesses match the recording (-1 elsewhere): replay
         measures the Jacobi pool pessimistically; a real model is needed for it.

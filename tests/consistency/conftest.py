@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: tiny_llama, gguf_writer, ...
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: onnx_fixtures, ...
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from consistency_backends import VOCAB  # noqa: E402
@@ -24,7 +24,7 @@ from consistency_backends import VOCAB  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
-    """(HF folder, the model): tests/tiny_llama.py's model, seed 0, saved with a tokenizer."""
+    """(HF folder, the model): the fixtures' tiny_llama model, seed 0, saved with a tokenizer."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from onnx_fixtures import save_tiny_llama
@@ -62,7 +62,7 @@ def make_verifier(tiny_folder, tmp_path_factory):
             llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (draftcore[llamacpp])")
             pytest.importorskip("gguf", reason="gguf is not installed (draftcore[llamacpp])")
             from draftcore.adapters.llamacpp import LlamaCppVerifier
-            from gguf_writer import write_llama_gguf
+            from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
             path = write_llama_gguf(model, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
             return LlamaCppVerifier.from_gguf(path, n_ctx=512, n_seq_max=33, n_threads=1, type_k=llama_cpp.GGML_TYPE_F32,
                                               type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import draftcore
+import draftcore.tools.variants  # noqa: F401  (the variants kept for measurement are checked too)
+from draftcore.drafters import drafter_names
 from draftcore.tree import DraftTree
 
 from consistency_backends import BACKENDS, TREE_BACKENDS
@@ -33,7 +35,7 @@ def test_plain_greedy_equals_transformers_generate(make_verifier, tiny_folder, b
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("drafter", draftcore.DRAFTER_NAMES)
+@pytest.mark.parametrize("drafter", drafter_names())
 def test_speculative_greedy_equals_the_backends_plain_greedy(make_verifier, backend, drafter):
     verifier = make_verifier(backend)
     accepted = 0

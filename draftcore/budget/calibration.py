@@ -1,0 +1,94 @@
+"""How often the drafter's candidates are really accepted, by score and by rank.
+
+A drafter scores each candidate with its own estimate that the candidate's path is accepted. That
+estimate is calibrated against what was accepted, per (score bin, rank bucket) cell, because a
+candidate's rank in the best-first order says as much as its score: a trie's first node is accepted
+far more often than a later node of the same score. Every proposed candidate counts, verified or
+not (`learn_outcomes`: the emitted tokens show a few steps later which unverified candidates would
+have been accepted), so the calibration does not rest on the few candidates a CPU budget verifies,
+chosen where it was most optimistic. Lookahead nodes are never accepted: they are never calibrated.
+
+    calibration = Calibration(max_nodes=64, memory=6000.0)
+    calibration.expected_accepted(tree, m)        # expected accepted tokens of each prefix of m nodes
+    calibration.learn_verified(tree, path)        # a verified step's candidates
+    calibration.learn_outcomes(tree, verified, outcome, sizes, seconds)   # the rest of its proposal
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import kernels
+from ..tree import DraftTree
+
+BINS = 20   # score bins
+RANKS = 6   # rank buckets: 1, 2-3, 4-7, 8-15, 16-31, 32+
+
+
+def rank_buckets(n: int, n_buckets: int) -> np.ndarray:
+    """int64[n]: the rank bucket of best-first positions 0 .. n-1: 1, 2-3, 4-7, ... (the root: 0)."""
+    return np.minimum(np.log2(np.maximum(np.arange(n), 1)).astype(np.int64), n_buckets - 1)
+
+
+class Calibration:
+    """Offered and accepted counts per (score bin, rank bucket), starting from a weak prior that the
+    score is right (2 candidates a cell, accepted at the bin's centre). With a `memory` (steps), the
+    counts fade towards that prior, so that one budget serving whatever workload comes follows it:
+    after code completion, a chat workload's lower acceptance takes effect within a few requests."""
+
+    def __init__(self, max_nodes: int, memory: float | None):
+        self.memory = memory
+        centres = (np.arange(BINS) + 0.5) / BINS
+        self.offered = np.full((BINS, RANKS), 2.0)
+        self.accepted = np.repeat(2.0 * centres[:, None], RANKS, axis=1)
+        self.prior_offered, self.prior_accepted = self.offered.copy(), self.accepted.copy()
+        self.probability = (self.accepted / self.offered).ravel()   # flat, refreshed as the counts change
+        self._rank_bucket = rank_buckets(max_nodes + 2, RANKS)
+        self._kernels = kernels("draftcore.budget_kernels")
+
+    def cells(self, tree: DraftTree, m: int) -> np.ndarray:
+        """Flat calibration cell of the first m nodes: score bin * RANKS + rank bucket."""
+        bins = tree.score_bins(BINS, 0, m)
+        if m > self._rank_bucket.shape[0]:
+            self._rank_bucket = rank_buckets(m, RANKS)
+        return bins * RANKS + self._rank_bucket[:m]
+
+    def probabilities(self, tree: DraftTree, m: int) -> np.ndarray:
+        """float64[m]: the calibrated acceptance of the tree's first m nodes (the root: 1)."""
+        p = self.probability[self.cells(tree, m)]   # a copy (fancy indexing)
+        p[0] = 1.0
+        return p
+
+    def expected_accepted(self, tree: DraftTree, m: int) -> np.ndarray:
+        """float64[m]: [k] the expected accepted candidates of the tree's first k candidates, the
+        calibrated probabilities made consistent with the tree (budget_kernels.expected_accepted:
+        two siblings calibrated at 0.8 each do not make 1.6 tokens)."""
+        return self._kernels.expected_accepted(self.probabilities(tree, m), tree.parents, m)
+
+    def learn_verified(self, tree: DraftTree, path: np.ndarray) -> None:
+        """A drafting step verified `tree`'s candidates and accepted `path`: fade the counts one step,
+        then count each candidate once offered and, on the path, once accepted."""
+        if self.memory is not None:  # forget old evidence, keep the prior
+            keep = 1.0 - 1.0 / self.memory
+            self.offered = self.prior_offered + keep * (self.offered - self.prior_offered)
+            self.accepted = self.prior_accepted + keep * (self.accepted - self.prior_accepted)
+        if tree.n_draft:
+            cells = self.cells(tree, tree.n_candidates)[1:]
+            accepted = np.zeros(tree.n_candidates, bool)
+            accepted[path] = True
+            flat_offered, flat_accepted = self.offered.reshape(-1), self.accepted.reshape(-1)
+            np.add.at(flat_offered, cells, 1.0)
+            np.add.at(flat_accepted, cells, accepted[1:])
+        if tree.n_draft or self.memory is not None:
+            self.probability = (self.accepted / self.offered).ravel()
+
+    def learn_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray, sizes: np.ndarray,
+                       seconds: np.ndarray) -> tuple[float, float]:
+        """Count the known outcomes (`outcome` per node: 1, 0, or -1 unknown) of the candidates after
+        the first `verified`, then return (expected, accepted) tokens of the prefix a budget with
+        menu `sizes` (empty: none) costing `seconds` would pick on the calibration alone, where that
+        prefix is longer than what was verified and every outcome in it is known; else (-1, 0).
+        (budget_kernels.learn_outcomes, in one call.)"""
+        n = tree.n_candidates
+        return self._kernels.learn_outcomes(
+            self.offered.reshape(-1), self.accepted.reshape(-1), self.probability, self.cells(tree, n), outcome,
+            verified, tree.parents, n, sizes, seconds)

@@ -1,0 +1,215 @@
+"""The auto budget: each step, the draft size with the best expected tokens per second.
+
+    value(k) = (1 + bias * gamble * expected accepted tokens of the best k candidates)
+               / cost(k candidates + the root + the tree's lookahead nodes)
+
+over the menu sizes, "no draft" (k = 0) included. Each factor is learnt by its own part while the
+budget runs:
+
+    costs.py        CostTable      seconds per menu size and window size; guesses for sizes never measured
+    explore.py      Explorer       now and then a neighbouring size instead of the best
+    calibration.py  Calibration    acceptance per (score bin, rank bucket), from every proposed candidate
+    corrections.py  Correction     bias and gamble: what the expectation is worth on what it picks
+    pausing.py      PauseTrials    whether drafting pays at all: the draft and pause arms
+    idle.py         IdleSkipping   skip asking a drafter that keeps drafting nothing, where asking costs
+    lookahead.py    window_pays    whether a lookahead window rides along; LookaheadProbe
+
+docs/budget.md gives the measurements behind each rule.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..tree import DraftTree
+from ..validate import positive_float, positive_int, tree_size
+from .calibration import Calibration
+from .corrections import Correction
+from .costs import CostTable
+from .explore import HOPELESS, Explorer
+from .idle import IdleSkipping
+from .lookahead import LookaheadProbe, window_pays
+from .pausing import PauseTrials
+
+
+class CostAwareBudget:
+    """Pick the draft size k that maximises (1 + expected accepted tokens) / cost(tree of k drafted
+    candidates plus the tree's lookahead nodes), "no draft" included; a `BudgetPolicy`
+    (draftcore.protocols). Both factors are learnt while it runs, each concern by its own part (the
+    module docstring lists them; docs/budget.md explains each rule), so keep one object per
+    deployment: what it learns carries over.
+
+        parameter        default  meaning
+        max_nodes        64       most drafted candidates ever verified (at most what one verify can
+                                  hold on this machine: validate.max_tree_nodes)
+        smoothing        0.2      weight of a new cost measurement in its size's average
+        optimism         0.05     unmeasured size's guessed cost growth per node, relative to 1 node
+        explore_every    16       steps before a neighbouring size is re-measured
+        explore_backoff  2        factor on that interval while the choice stays the same (1: fixed);
+                                  also on the interval between pause trials while the winner stays
+        memory           6000     steps after which acceptance evidence has faded to 1/e (None: never)
+        window_cost      0.1      a lookahead window rides along only while it adds at most this
+                                  share to a step's cost (inf: always)
+        trial_every      64       steps between trials of the arm not in use: drafting or pausing
+        idle_skip        3        most steps skipped after proposals in a row that drafted nothing
+                                  (0: only a hopeless proposal skips one)
+        idle_cost        0.02     skip those only while asking the drafter costs more than this
+                                  share of a root-only step
+        trial_steps      16       steps a trial of drafting lasts (a trial of pausing: 4; 0: never pause)
+    """
+
+    def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
+                 explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
+                 window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16, idle_skip: int = 3,
+                 idle_cost: float = 0.02):
+        # Asked of the drafter every step, and its rank table is sized by it: a tree of more nodes than
+        # one verify can hold is refused (validate.max_tree_nodes), not allocated for.
+        self.max_nodes = tree_size("max_nodes", max_nodes, minimum=1)
+        self.smoothing = positive_float("smoothing", smoothing)
+        if self.smoothing > 1.0:
+            raise ConfigError(f"smoothing: expected a number in (0, 1], got {smoothing}")
+        self.optimism = positive_float("optimism", optimism, inclusive=True)
+        self.explore_every = positive_int("explore_every", explore_every)
+        self.explore_backoff = positive_int("explore_backoff", explore_backoff)
+        self.memory = None if memory is None else positive_float("memory", memory, minimum=1.0, inclusive=True)
+        self.window_cost = window_cost if isinstance(window_cost, float) and window_cost == math.inf \
+            else positive_float("window_cost", window_cost, inclusive=True)
+        self.trial_every = positive_int("trial_every", trial_every)
+        self.trial_steps = positive_int("trial_steps", trial_steps, minimum=0)
+        self.idle_skip = positive_int("idle_skip", idle_skip, minimum=0)
+        self.idle_cost = positive_float("idle_cost", idle_cost, minimum=0.0, inclusive=True)
+        self._step = 0   # steps observed
+        self._costs = CostTable(self.max_nodes + 1, self.smoothing, self.optimism)
+        self.sizes = self._costs.sizes   # candidate-tree sizes (nodes, root included)
+        self._explore = Explorer(self.explore_every, self.explore_backoff)
+        self._calibration = Calibration(self.max_nodes, self.memory)
+        # The bias: on the prefix it verified or, where the corrections made it verify less, would
+        # have verified; the gamble: on the trees it verified (docs/budget.md, "Corrections").
+        self._bias = Correction(memory=32, prior=4.0, floor=0.25)
+        self._gamble = Correction(memory=32, prior=12.0, floor=0.6)
+        self._sees_outcomes = False   # the loop reports outcomes (speculate does; a draft model does not)
+        self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
+        self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
+        self._lookahead = LookaheadProbe()
+
+    # -- the policy ---------------------------------------------------------------------------
+    def request_size(self) -> int:
+        self._skipping.asked = False
+        drafting = self._trials.start_step(self._step)
+        if drafting and self._skipping.skip():
+            return 0
+        return self.max_nodes if drafting else 0
+
+    def choose(self, tree: DraftTree) -> int:
+        self._skipping.asked = True
+        n_draft = min(tree.n_draft, self.max_nodes)
+        if n_draft == 0:
+            return self._skipping.after_choice(0, False)
+        if not self._costs.root_measured(tree.n_lookahead):
+            return 0  # first measure what a step without candidates costs
+        sizes, value = self._values(tree, n_draft, self.bias() * self.gamble_correction())
+        best = int(np.argmax(value))
+        # A proposal whose best draft is worth less than half of no draft says the drafter has
+        # nothing here: the next step verifies the root without asking it.
+        hopeless = sizes.shape[0] > 1 and value[1:].max() < HOPELESS * value[0]
+        best = self._explore.pick(self._step, best, value)
+        return self._skipping.after_choice(int(sizes[best]) - 1, hopeless)
+
+    def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
+        """Keep the window while its measured (or, unmeasured, optimistically guessed) extra cost
+        is at most `window_cost` of the same step without it."""
+        if self.window_cost == float("inf"):
+            return True
+        return self._lookahead.decided(window_pays(self._costs, tree.n_lookahead, n_draft, self.window_cost))
+
+    def wants_lookahead(self) -> bool:
+        """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
+        kept; once one is dropped, every 16th step)."""
+        return self._lookahead.wants()
+
+    def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
+        # NaN or a negative time too: one bad time would steer every later choice
+        if not isinstance(seconds, (int, float, np.number)) or not 0 <= seconds < math.inf:
+            raise InputError(f"seconds: expected the step's finite duration >= 0, got {seconds!r}")
+        self._step += 1
+        if tree.n_candidates == 1 and not tree.n_lookahead:
+            self._skipping.learn_root_seconds(seconds)
+        if not self._trials.end_step(self._step, path.shape[0], seconds):
+            return   # a paused step: nothing drafted, so no cost of a drafting step and no acceptance
+        accepted = path.shape[0] - 1.0
+        if tree.n_draft and self._sees_outcomes:
+            # The verified prefix's uncorrected expectation, before it is learnt from. Only where the
+            # loop reports outcomes: a correction learnt from verified trees alone could fall and
+            # then never see the trees it stopped verifying come true.
+            expected = float(self._calibration.expected_accepted(tree, tree.n_candidates)[-1])
+            self._gamble.learn(expected * self.bias(), accepted)
+            self._bias.learn(expected, accepted)
+        self._costs.learn(tree.n_candidates, tree.n_lookahead, seconds)
+        self._calibration.learn_verified(tree, path)
+
+    def observe_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray) -> None:
+        """What the emitted tokens showed of a whole proposal (draftcore.outcomes): `outcome` per
+        node of `tree` (root and candidates), 1 would have been accepted, 0 not, -1 unknown. The
+        candidates after the first `verified` (not seen by `observe`) join the calibration; the
+        prefix `choose` would pick without the bias correction, where longer than what was verified,
+        measures the bias (a verified prefix measured it in `observe`, without waiting)."""
+        self._sees_outcomes = True
+        if tree.n_candidates <= 1:
+            return
+        sizes = self.sizes if self._costs.root_measured(0) else self.sizes[:0]
+        expected, accepted = self._calibration.learn_outcomes(tree, verified, outcome, sizes,
+                                                              self._costs.estimated(0))
+        if expected >= 0.0:   # the prefix it would pick uncorrected, longer than what was verified
+            self._bias.learn(expected, accepted)
+
+    def _values(self, tree: DraftTree, n_draft: int, correction: float):
+        """(menu sizes up to n_draft + 1 nodes, expected tokens per second of each, the expectation
+        scaled by `correction`), the tree's window priced in."""
+        expected = self._calibration.expected_accepted(tree, n_draft + 1)
+        n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
+        sizes = self.sizes[:n_menu]
+        value = (1.0 + correction * expected[sizes - 1]) / self._costs.estimated(tree.n_lookahead)[:n_menu]
+        return sizes, value
+
+    # -- what it has learnt (also for reports) -------------------------------------------------
+    @property
+    def drafting_pays(self) -> bool:
+        """Whether drafting is the better arm now (False: steps verify the root alone, drafting
+        only in trials)."""
+        return self._trials.drafting_pays()
+
+    def tokens_per_second(self) -> tuple[float, float]:
+        """Recent tokens per second of the (draft, pause) arms; NaN for an arm never run."""
+        return self._trials.tokens_per_second()
+
+    def asking_costs(self) -> bool:
+        """Whether a root-only step that asked the drafter took over `idle_cost` more than one that
+        did not; False until both are measured (steps that did not ask come from pausing, its
+        trials and hopeless proposals)."""
+        return self._skipping.asking_costs()
+
+    def bias(self) -> float:
+        """What the calibration's expectation is worth on the trees it verifies or would verify:
+        recent accepted over expected (uncorrected) tokens of the prefix it verified (`observe`) or,
+        where the correction made it verify less, would have verified (`observe_outcomes`); in
+        [0.25, 1]. 1 for a caller that reports no outcomes."""
+        return self._bias.value()
+
+    def gamble_correction(self) -> float:
+        """What the bias-corrected expectation is worth on the trees it verifies: recent accepted
+        over expected tokens of its verified trees, in [0.6, 1]; 1 for a caller that reports no
+        outcomes. Learnt from verified trees only, it could stop the budget verifying; the floor
+        keeps a tree worth 1 / 0.6 of its estimate verified, and its outcome teaches the correction
+        again."""
+        return self._gamble.value()
+
+    def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
+        """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
+        included) plus `n_lookahead` lookahead nodes, interpolated between menu sizes."""
+        return self._costs.cost(n_nodes, n_lookahead)
+
+    def acceptance_by_score(self) -> np.ndarray:
+        """Calibrated acceptance probability per score bin (rows) and rank bucket (for reports)."""
+        return self._calibration.accepted / self._calibration.offered

@@ -1,0 +1,131 @@
+"""What a step costs, per tree size: a menu of sizes worth measuring, a moving average per size and
+per lookahead-window size, and a guess for each size never measured.
+
+    costs = CostTable(largest=65, smoothing=0.2, optimism=0.05)
+    costs.learn(n_candidates, n_lookahead, seconds)   # a step that verified that tree took `seconds`
+    costs.estimated(n_lookahead)                      # seconds per menu size: measured, else guessed
+    costs.cost(n_nodes, n_lookahead)                  # the same, interpolated between menu sizes
+
+Each size is measured on its own because the cost is not monotonic in the size (a 3-token forward
+can cost more than a 4-token one: the matrix kernels change with the shape). The measurements behind
+each rule are in docs/budget.md.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+OUTLIER = 2.0   # a step's seconds count as at most this times its size's estimate
+
+
+def menu(largest: int) -> np.ndarray:
+    """Tree sizes worth measuring up to `largest`: every size to 6, then 8, 12, 16, 24, 32, 48, 64,
+    96, ... (alternately x1.5 and x1.33), and `largest` itself."""
+    sizes = [s for s in range(1, 7)]
+    step = 2
+    while sizes[-1] < largest:
+        nxt = sizes[-1] + step
+        sizes.append(nxt)
+        if nxt >= 4 * step:
+            step *= 2
+    sizes = [s for s in sizes if s < largest] + [largest]
+    return np.array(sorted(set(sizes)), np.int64)
+
+
+def smoothed(old: float, seconds: float, weight: float, outlier: float) -> float:
+    """A step time's moving average: `seconds` itself where none was measured (NaN), else `weight`
+    of it, counted as at most `outlier` times the average (one slow step must not stick)."""
+    return seconds if math.isnan(old) else (1 - weight) * old + weight * min(seconds, outlier * old)
+
+
+class CostTable:
+    """Seconds per step for each menu size (nodes, root included), one table per number of
+    lookahead nodes, since a window's nodes are verified whole on top of the candidates."""
+
+    def __init__(self, largest: int, smoothing: float, optimism: float):
+        self.smoothing = smoothing   # weight of a new measurement in its size's average
+        self.optimism = optimism     # an unmeasured size's guessed cost growth per node, relative to 1 node
+        self.sizes = menu(largest)
+        self._entry = {int(size): i for i, size in enumerate(self.sizes)}   # learn's lookup, every step
+        self.measured: dict[int, np.ndarray] = {}    # n_lookahead -> seconds by menu entry, NaN: never
+        self._estimates: dict[int, np.ndarray] = {}  # what choose() reads every step, until learn() changes it
+
+    def table(self, n_lookahead: int) -> np.ndarray:
+        """The measured seconds with `n_lookahead` lookahead nodes (created, all NaN, on first use)."""
+        costs = self.measured.get(n_lookahead)
+        if costs is None:
+            costs = self.measured[n_lookahead] = np.full(len(self.sizes), np.nan)
+        return costs
+
+    def root_measured(self, n_lookahead: int) -> bool:
+        """Whether a step without candidates (and with `n_lookahead` lookahead nodes) was measured."""
+        return not np.isnan(self.table(n_lookahead)[0])
+
+    def learn(self, n_candidates: int, n_lookahead: int, seconds: float) -> None:
+        """A step that verified `n_candidates` nodes (root included) and `n_lookahead` more took
+        `seconds`. A size off the menu (a drafter that returned fewer nodes) teaches nothing."""
+        i = self._entry.get(n_candidates)
+        if i is None:
+            return
+        costs = self.table(n_lookahead)
+        # One slow step (a page fault, a collection, another process) counts as at most OUTLIER times
+        # the estimate: taken whole, it can make the root-only step look dearer than a draft, and the
+        # size then chosen instead keeps the root-only step from ever being re-measured.
+        costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER)
+        self._estimates.clear()
+
+    def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
+        """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
+        included) plus `n_lookahead` lookahead nodes, interpolated between menu sizes."""
+        return np.interp(np.asarray(n_nodes, float), self.sizes, self.estimated(n_lookahead))
+
+    def estimated(self, n_lookahead: int) -> np.ndarray:
+        """Seconds per menu size with `n_lookahead` lookahead nodes: measured where measured, else
+        guessed (`_guess`)."""
+        estimate = self._estimates.get(n_lookahead)
+        if estimate is None:
+            estimate = self._estimates[n_lookahead] = self._guess(n_lookahead)
+        return estimate
+
+    def _guess(self, n_lookahead: int) -> np.ndarray:
+        """The table with every unmeasured size guessed: optimistically, from the step with the fewest
+        nodes measured so far (with any window) growing by `optimism` per node, so bigger trees get
+        tried, measured and then kept or dropped; but, where two smaller sizes are measured, never
+        below the largest of them plus half the cost growth per node measured up to it."""
+        known = self.table(n_lookahead).copy()
+        missing = np.isnan(known)
+        total = self.sizes + n_lookahead - 1.0   # nodes beyond a root-only tree
+        growth = 1.0 + self.optimism * total
+        if not missing.any():
+            return known
+        base = 1.0
+        # The measured step with the fewest nodes (ties: the cheaper), over every window size: in
+        # each window's table that is its first measured size. Runs every step: no per-entry loop.
+        fewest = None
+        for window, costs in self.measured.items():
+            measured = np.flatnonzero(~np.isnan(costs))
+            if measured.size:
+                i = int(measured[0])
+                candidate = (float(self.sizes[i]) + window - 1.0, float(costs[i]))
+                fewest = candidate if fewest is None else min(fewest, candidate)
+        if fewest is not None:
+            extra, seconds = fewest
+            base = seconds / (1.0 + self.optimism * extra)
+        guess = base * growth
+        # Where this table has measured two sizes below a missing one, the cost can be seen to grow:
+        # guess at least the largest measured smaller size plus half the slope measured so far.
+        # Without this floor a CPU, where each node adds to a verify, had every large size guessed
+        # far too cheap and tried once each, at several times its guess.
+        measured = np.flatnonzero(~missing)
+        if measured.size >= 2:
+            below = np.searchsorted(measured, np.arange(len(known))) - 1   # per entry: last measured below
+            j = measured[np.maximum(below, 0)]
+            first = measured[0]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                slope = np.maximum((known[j] - known[first]) / (self.sizes[j] - self.sizes[first]), 0.0)
+            floor = known[j] + 0.5 * slope * (self.sizes - self.sizes[j])
+            has_floor = missing & (below >= 1)
+            guess[has_floor] = np.maximum(guess[has_floor], floor[has_floor])
+        known[missing] = guess[missing]
+        return known

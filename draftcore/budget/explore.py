@@ -1,0 +1,43 @@
+"""Now and then verify a neighbouring menu size instead of the best one.
+
+Without it one slow measurement (a page fault, another process) would stick to a size forever, and
+a better size next to the choice would never be found. Each exploration of a size that turns out
+worse costs a step's worth of the difference, so while the choice stays the same the explorations
+grow rarer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+HOPELESS = 0.5   # a size worth less than this share of another one is not worth a step to check
+
+
+class Explorer:
+    """Which menu entry to verify: the best, or every so often one up or one down from it
+    (alternately), after `every` steps, then at intervals that grow by `backoff` (up to 16x) while
+    the best stays the same, and back to `every` when it changes."""
+
+    def __init__(self, every: int, backoff: int):
+        self.every, self.backoff = every, backoff
+        self.period = every           # steps from the next exploration to the one after
+        self.next_step = every - 1    # the step of the next exploration
+        self.n_explored = 0
+        self.last_best = -1
+
+    def pick(self, step: int, best: int, value: np.ndarray) -> int:
+        """The entry to verify at `step`, given the `best` entry of `value` (tokens per second per
+        menu entry)."""
+        if best != self.last_best:
+            self.last_best, self.period = best, self.every
+        if step < self.next_step:
+            return best
+        # Local, so the exploration itself stays cheap where big trees are expensive; and never a
+        # size worth less than HOPELESS of the choice, which no re-measured cost would make the
+        # better one (on a CPU that re-measured a 2-token step costing twice a 1-token one).
+        near = best + (1 if self.n_explored % 2 == 0 else -1)
+        self.n_explored += 1
+        self.next_step = step + self.period
+        self.period = min(self.period * self.backoff, 16 * self.every)
+        if 0 <= near < value.shape[0] and value[near] >= HOPELESS * value[best]:
+            return near
+        return best

@@ -1,0 +1,68 @@
+"""Skipping the drafter while it has nothing to offer, where asking it costs.
+
+Drafting is not free where a step is a few milliseconds: the proposal, the choice and the outcome
+bookkeeping are a few percent of a llama.cpp step on a CPU, where the budget may choose no draft on
+most steps. So proposals that draft nothing in a row skip the next ones: after the k-th, the next
+min(k - 1, `idle_skip`) steps ask for none; and a hopeless proposal (its best draft worth less than
+half of no draft) skips the next one. Skipping goes on only while asking is measured to cost more
+than `idle_cost` of a step, since each skipped step may miss the first tokens of a burst: what
+asking costs is the seconds of root-only steps that asked the drafter against those that did not
+(paused or skipped: pausing's trials and hopeless proposals give the latter).
+
+    skipping = IdleSkipping(idle_skip=3, idle_cost=0.02)
+    skipping.asked = False                    # a step begins
+    skipping.skip()                           # a drafting step: True asks the drafter for nothing
+    skipping.asked = True                     # the drafter's proposal reached the choice
+    k = skipping.after_choice(k, hopeless)    # the choice made: how many next steps skip
+    skipping.learn_root_seconds(seconds)      # a root-only step ended
+"""
+from __future__ import annotations
+
+import math
+
+from .costs import OUTLIER, smoothed
+
+ROOT_SMOOTHING = 0.02   # weight of a root-only step in its average: the difference sought is a few
+                        # percent of a step, so it averages many
+
+
+class IdleSkipping:
+    """How many of the next steps ask the drafter for nothing, and whether asking costs."""
+
+    def __init__(self, idle_skip: int, idle_cost: float):
+        self.idle_skip, self.idle_cost = idle_skip, idle_cost
+        self.idle = 0               # proposals in a row that drafted nothing
+        self.skip_left = 0          # steps left that ask the drafter for nothing
+        self.asked = False          # this step's proposal reached the choice
+        self.root_seconds = [math.nan, math.nan]   # root-only steps that [asked, did not ask] the drafter
+
+    def skip(self) -> bool:
+        """Whether this drafting step asks the drafter for nothing."""
+        if self.skip_left:
+            self.skip_left -= 1
+            return True
+        return False
+
+    def after_choice(self, k: int, hopeless: bool) -> int:
+        """Return the choice `k`, having set how many next steps ask the drafter for nothing: a
+        proposal that drafts nothing, the k-th in a row, skips min(k - 1, idle_skip) of them (a
+        hopeless one at least 1); one that drafts skips none."""
+        if k:
+            self.idle = self.skip_left = 0
+        else:
+            self.idle += 1
+            skip = min(self.idle - 1, self.idle_skip) if self.asking_costs() else 0
+            self.skip_left = max(skip, 1 if hopeless else 0)
+        return k
+
+    def asking_costs(self) -> bool:
+        """Whether a root-only step that asked the drafter took over `idle_cost` more than one that
+        did not; False until both are measured."""
+        asked, unasked = self.root_seconds
+        return bool(asked - unasked > self.idle_cost * unasked)   # NaN compares False
+
+    def learn_root_seconds(self, seconds: float) -> None:
+        """A root-only step took `seconds` (it asked the drafter if `asked`)."""
+        i = 0 if self.asked else 1
+        # Python floats: numpy scalars cost microseconds a step here
+        self.root_seconds[i] = smoothed(self.root_seconds[i], seconds, ROOT_SMOOTHING, OUTLIER)

@@ -1,0 +1,101 @@
+"""Whether drafting pays at all: two arms, tried against each other.
+
+Choosing "no draft" for a step still pays for drafting it (the drafter's proposal, the choice), a
+few percent of a step where the verify itself is cheap (llama.cpp on a CPU). So the budget keeps
+two arms, "draft" (ask the drafter, choose, verify) and "pause" (verify the root alone without
+asking the drafter), each with its tokens per second over its recent steps. The better arm runs;
+the other is tried now and then. Paused steps teach no cost and no acceptance (nothing was
+drafted); the drafter still sees every accepted token through `update`, so it is ready when a trial
+finds drafting paying again.
+
+    trials = PauseTrials(every=64, steps=16, backoff=2)
+    drafting = trials.start_step(step)                  # before the step: which arm runs it
+    drafted = trials.end_step(step, tokens, seconds)    # after it: that arm's tokens and seconds
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DRAFT, PAUSE = 0, 1     # arms
+ARM_MEMORY = 256        # an arm's steps after which its evidence has faded to 1/e
+PAUSE_TRIAL = 4         # steps a trial of pausing lasts: a paused step always costs the same and emits one token
+PAUSE_MARGIN = 0.05     # pausing must beat drafting by this much, in two trials running: a burst of
+                        # accepted drafts missed while paused costs more than a few percent of
+                        # drafting overhead, and step times are noisy
+SETTLED_TRIALS = 2      # drafting steps, in `every`s, before a trial pausing won is confirmed soon
+
+
+class PauseTrials:
+    """The arm each step runs. The winner runs; the other arm is tried every `every` steps, that
+    interval growing by `backoff` (up to 16x) while the winner stays the same. A trial of drafting
+    lasts `steps` steps (0: never pause), since what drafting gains comes in bursts (a repeated span,
+    then nothing). The first trial comes after `every` drafting steps, and the first half of those,
+    spent learning sizes and acceptance, does not count as drafting's worth."""
+
+    def __init__(self, every: int, steps: int, backoff: int):
+        self.every, self.steps, self.backoff = every, steps, backoff
+        self.arm = DRAFT                       # the arm of the step under way
+        self.winner = DRAFT
+        self.tokens = np.zeros(2)              # faded sums per arm: tokens emitted, seconds
+        self.seconds = np.zeros(2)
+        self.steps_run = np.zeros(2, np.int64)
+        self.trial_left = 0                    # steps left in the running trial of the other arm
+        self.pause_won_last = False            # whether pausing won the last trial
+        self.next_trial = every
+        self.period = every                    # steps from the next trial to the one after
+
+    def start_step(self, step: int) -> bool:
+        """Whether the step about to begin drafts (else it verifies the root alone), `step` steps
+        having been observed."""
+        if self.steps and self.trial_left == 0 and step >= self.next_trial:
+            self.trial_left = PAUSE_TRIAL if self.winner == DRAFT else self.steps
+        self.arm = 1 - self.winner if self.trial_left else self.winner
+        return self.arm == DRAFT
+
+    def end_step(self, step: int, tokens: int, seconds: float) -> bool:
+        """Step `step` emitted `tokens` in `seconds`; returns whether it drafted. A step that
+        `start_step` did not begin drafts."""
+        arm, self.arm = self.arm, DRAFT
+        self._learn(arm, step, tokens, seconds)
+        return arm == DRAFT
+
+    def drafting_pays(self) -> bool:
+        return self.winner == DRAFT
+
+    def tokens_per_second(self) -> tuple[float, float]:
+        """Recent tokens per second of the (draft, pause) arms; NaN for an arm never run."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = self.tokens / self.seconds
+        return float(rate[0]) if self.steps_run[0] else float("nan"), \
+            float(rate[1]) if self.steps_run[1] else float("nan")
+
+    def _learn(self, arm: int, step: int, tokens: int, seconds: float) -> None:
+        if step <= self.every // 2:
+            return   # the first steps measure sizes and acceptance, not what drafting is worth
+        keep = 1.0 - 1.0 / ARM_MEMORY
+        self.tokens[arm] = keep * self.tokens[arm] + tokens
+        self.seconds[arm] = keep * self.seconds[arm] + seconds
+        self.steps_run[arm] += 1
+        if not self.trial_left:
+            return
+        self.trial_left -= 1
+        if self.trial_left:
+            return
+        # A trial ended: pausing wins by a margin, and takes over only after winning two trials running.
+        draft_rate = self.tokens[0] / self.seconds[0] if self.seconds[0] > 0 else 0.0
+        pause_rate = self.tokens[1] / self.seconds[1] if self.steps_run[1] else 0.0
+        pause_wins = pause_rate > (1.0 + PAUSE_MARGIN) * draft_rate
+        winner = PAUSE if pause_wins and (self.winner == PAUSE or self.pause_won_last) else DRAFT
+        self.pause_won_last = pause_wins
+        if winner != self.winner:
+            self.winner, self.period = winner, self.every
+        elif pause_wins and self.winner == DRAFT and self.steps_run[DRAFT] >= SETTLED_TRIALS * self.every:
+            # Pausing won once against a drafting record long enough to judge: confirm it soon.
+            # Backing off here let one burst of accepted drafts just before a confirming trial keep
+            # a losing arm for hundreds of steps. A first trial that drafting loses while it still
+            # learns sizes and acceptance is confirmed only after the backed-off interval: confirming
+            # it soon paused a drafter that pays.
+            self.period = self.every
+        else:
+            self.period = min(self.period * self.backoff, 16 * self.every)
+        self.next_trial = step + self.period

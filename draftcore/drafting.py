@@ -1,0 +1,85 @@
+"""One request's drafting as the decode loop sees it: what to verify each step, and the feedback.
+
+    drafting = StepDrafting(request, policy, limits)
+    tree, proposal = drafting.draft(context, n_past, tokens_wanted)   # the tree to verify
+    drafting.observe(tree, node_tokens, path)                         # the request's observe, if any
+
+`request` is what `drafter.start(prompt)` returned (or the drafter itself). The optional members of
+the protocols (`DraftRequest.observe`, `lookahead_optional`, `returns_valid_trees`; a policy's
+`wants_lookahead` and `keep_lookahead`) are read once here, so the loop calls plain methods that do
+nothing where a drafter or policy has nothing to say.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import BackendError, InputError
+from .tree import DraftTree, check_tree
+
+
+class StepDrafting:
+    """The tree each step verifies: the drafter's proposal cut to the policy's choice and to what one
+    verify holds (nodes, cache cells, leaves); a lookahead window that does not fit is dropped whole,
+    never cut."""
+
+    def __init__(self, request, policy, limits):
+        self.request, self.policy, self.limits = request, policy, limits
+        self.update, self.finish = request.update, request.finish
+        observe = getattr(request, "observe", None)
+        self.observe = observe if callable(observe) else _ignore
+        # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
+        self._trusted = getattr(request, "returns_valid_trees", False) is True
+        # A request that can leave its lookahead window out is told when the policy wants none.
+        self._lookahead_optional = getattr(request, "lookahead_optional", False) is True
+        wants = getattr(policy, "wants_lookahead", None)
+        self._wants_lookahead = wants if callable(wants) else _always
+        keeps = getattr(policy, "keep_lookahead", None)
+        self._keeps_lookahead = keeps if callable(keeps) else _always
+
+    def draft(self, context: np.ndarray, n_past: int, tokens_wanted: int) -> tuple[DraftTree, DraftTree]:
+        """(the tree to verify this step, the drafter's whole proposal), for `context` (int32, ending
+        with the root), `n_past` cached tokens and `tokens_wanted` more tokens to generate."""
+        policy, limits = self.policy, self.limits
+        root = int(context[-1])
+        cells = min(limits.max_context - n_past, limits.max_tree_nodes)   # nodes one verify may hold
+        room = min(tokens_wanted - 1, cells - 1)                          # candidates worth drafting
+        size = min(policy.request_size(), room)
+        if size <= 0:
+            tree = DraftTree.root_only(root)
+            return tree, tree
+        if self._lookahead_optional and not self._wants_lookahead():
+            tree = self.request.propose(context, size, lookahead=False)
+        else:
+            tree = self.request.propose(context, size)
+        if not self._trusted:
+            _check_proposal(tree, root, size, limits.vocab_size)
+        if tree.n_lookahead and 1 + tree.n_lookahead > cells:
+            tree = tree.without_lookahead()
+        keep = min(policy.choose(tree), room, cells - 1 - tree.n_lookahead)
+        # Leaves are counted only for a window the policy keeps: where verify is not free (a CPU) the
+        # window is dropped nearly every step, and counting cost a llama.cpp step ~1 % for nothing.
+        if tree.n_lookahead and (not self._keeps_lookahead(tree, keep) or (
+                limits.max_tree_leaves is not None and tree.leaf_counts()[1] > limits.max_tree_leaves)):
+            tree = tree.without_lookahead()
+            keep = min(policy.choose(tree), room, cells - 1)   # priced again: the window's nodes are gone
+        return tree.fitted(keep, limits.max_tree_leaves), tree
+
+
+def _ignore(*args) -> None:
+    pass
+
+
+def _always(*args) -> bool:
+    return True
+
+
+def _check_proposal(tree, root, request, vocab_size) -> None:
+    """Full check of a tree from a drafter that is not draftcore's own."""
+    try:
+        check_tree(tree, vocab_size)
+    except InputError as exc:
+        raise BackendError(f"drafter.propose: returned a malformed tree: {exc}") from None
+    if tree.tokens[0] != root:
+        raise BackendError(f"drafter.propose: tree root {int(tree.tokens[0])} is not the last context token {root}")
+    if tree.n_draft > request:
+        raise BackendError(f"drafter.propose: returned {tree.n_draft} drafted candidates, more than the budget {request}")

