@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts."""
+"""Helpers shared by the benchmark scripts: the recorded traces, and where results go."""
 import json
 import os
 
@@ -10,15 +10,11 @@ TRACES_EOS = 2
 OUT_DIR = os.path.join(ROOT, "bench_out")
 
 
-def write_json(name: str, payload) -> str:
+def write_json(name: str, report: dict, **data) -> str:
+    """Write bench_out/NAME: the run's report (draftcore.tools.report.make_report: what
+    `draftcore results` renders into docs/results.md) beside the script's own data; return its path."""
     os.makedirs(OUT_DIR, exist_ok=True)
     path = os.path.join(OUT_DIR, name)
     with open(path, "w") as f:
-        json.dump(payload, f, indent=1, default=str)
+        json.dump({"report": report, **data}, f, indent=1, default=str)
     return path
-
-
-def markdown_table(header, rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)

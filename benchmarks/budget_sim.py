@@ -8,10 +8,11 @@ decoding's simulated time (one cost(1) per token) over the replay's; drafting ti
 """
 import argparse
 
-from _common import TRACES, TRACES_EOS, markdown_table
+from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore.tools.cost_model import COST_TABLES, CostModel
 from draftcore.tools.replay import replay
+from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
 
 
@@ -28,19 +29,23 @@ def main():
     by_dataset: dict = {}
     for trace in traces:
         by_dataset.setdefault(trace.dataset, []).append(trace)
-    rows = []
+    rows, records = [], []
     for spec in args.costs.split(";" if ":" in args.costs else ","):
         cost = CostModel.named(spec)
         for policy in args.policies.split(","):
             budget = None if policy == "auto" else int(policy.split()[-1])
             cells = [cost.name, policy]
-            for subset in by_dataset.values():
+            for name, subset in by_dataset.items():
                 (summary,) = replay(subset, budget=budget, cost=cost, eos_token_id=args.eos).values()
                 cells.append(f"{summary.speedup:.2f}x ({summary.tokens_per_step:.2f})")
+                records.append({"cost": cost.name, "policy": policy, "dataset": name,
+                                "simulated_speedup": summary.speedup, "tokens_per_step": summary.tokens_per_step})
             rows.append(cells)
-            print(" | ".join(cells), flush=True)
+            print(", ".join(cells), flush=True)   # progress; the table follows
     header = ["cost table", "policy"] + [f"{name}: speedup (tokens/step)" for name in by_dataset]
-    print(markdown_table(header, rows))
+    shown = show_table("", header, rows)
+    report = make_report("Simulated speedup of draft-budget policies (replayed traces, measured cost tables)", [shown])
+    print("wrote", write_json("budget_sim.json", report, records=records))
 
 
 if __name__ == "__main__":

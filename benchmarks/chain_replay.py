@@ -13,14 +13,14 @@ one thread: a step with 8 rejected draft tokens costs 1.28x a plain step).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
+from _common import TRACES, write_json
 
 from draftcore.drafters.rows import RowDrafter
+from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
 
-TRACES = Path(__file__).parent / "data" / "smollm2_greedy_traces.jsonl.gz"
 VOCAB = 49152
 
 
@@ -72,7 +72,7 @@ def row_proposer(k, token_cost, **options):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--token-cost", type=float, default=0.035)
     args = parser.parse_args(argv)
@@ -90,13 +90,19 @@ def main(argv=None):
                "RowDrafter, explore 0.25": lambda: row_proposer(k, c, explore=0.25),
                "RowDrafter, explore 1": lambda: row_proposer(k, c, explore=1.0),
                "RowDrafter, tree_nodes 64": lambda: row_proposer(k, c, tree_nodes=64)}
-    print(f"| set | method | tokens/step | drafted/step | modelled speedup (token_cost {c}) |")
-    print("|---|---|---|---|---|")
+    rows, records = [], []
     for dataset, group in by_set.items():
         for name, make in methods.items():
             tokens, steps, drafted = replay(group, make(), k)
             cost = steps + c * drafted   # in plain steps; plain decoding takes one step per token
-            print(f"| {dataset} | {name} | {tokens / steps:.2f} | {drafted / steps:.2f} | {tokens / cost:.2f}x |")
+            rows.append([dataset, name, f"{tokens / steps:.2f}", f"{drafted / steps:.2f}", f"{tokens / cost:.2f}x"])
+            records.append({"dataset": dataset, "method": name, "tokens": tokens, "steps": steps, "drafted": drafted,
+                            "modelled_speedup": tokens / cost})
+    header = ["set", "method", "tokens/step", "drafted/step", f"modelled speedup (token_cost {c})"]
+    shown = show_table("", header, rows)
+    report = make_report(f"Chain drafting replayed: RowDrafter vs vLLM's n-gram rule, k={k}", [shown],
+                         settings={"k": k, "token_cost": c})
+    print("wrote", write_json("chain_replay.json", report, records=records))
 
 
 if __name__ == "__main__":

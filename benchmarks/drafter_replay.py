@@ -11,11 +11,12 @@ Tokens per step do not depend on the machine's speed, so this may run beside oth
 import argparse
 import time
 
-from _common import TRACES, TRACES_EOS, markdown_table, write_json
+from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import CompositeDrafter, NGramDrafter, TrieDrafter
 from draftcore.tools.peers import PromptLookupDrafter
 from draftcore.tools.replay import replay
+from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
 
 VOCAB = 49152
@@ -50,11 +51,12 @@ def main():
             records += [{"drafter": label, "budget": budget, "dataset": name, "tokens_per_step": s.tokens_per_step}
                         for name, s in cells.items()]
         rows.append(row + [f"{time.perf_counter() - t0:.0f}s"])
-        print(" | ".join(rows[-1]), flush=True)
+        print(f"{label}: {', '.join(rows[-1][1:])}", flush=True)   # progress; the table follows
     header = ["drafter"] + [f"{n} @{b}" for b in budgets for n in names] + ["replay time"]
     print()
-    print(markdown_table(header, rows))
-    print("\nwrote", write_json("drafter_replay.json", records))
+    shown = show_table("", header, rows)
+    report = make_report("Tokens per step of every drafter on the recorded traces (replay, no model)", [shown])
+    print("\nwrote", write_json("drafter_replay.json", report, records=records))
 
 
 if __name__ == "__main__":

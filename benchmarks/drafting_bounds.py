@@ -10,11 +10,12 @@ best continuation would reach. Tokens per step do not depend on the machine's sp
 """
 import argparse
 
-from _common import TRACES, TRACES_EOS, markdown_table, write_json
+from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import CompositeDrafter, TrieDrafter
 from draftcore.tools.bounds import chain_bound, copy_bound, copy_or_frequent_bound
 from draftcore.tools.replay import replay
+from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
 
 VOCAB = 49152
@@ -49,10 +50,11 @@ def main():
     datasets = list(results["trie"][budgets[0]])
     header = ["tokens per step"] + [f"{d} @{n}" for n in budgets for d in datasets]
     rows = [[label] + [f"{results[label][n][d]:.2f}" for n in budgets for d in datasets] for label in results]
-    print(markdown_table(header, rows))
+    shown = show_table("", header, rows)
     records = [{"what": label, "budget": n, "dataset": d, "tokens_per_step": v}
                for label, by_budget in results.items() for n, by_set in by_budget.items() for d, v in by_set.items()]
-    print("\nwrote", write_json("drafting_bounds.json", records))
+    report = make_report("Drafting headroom: bounds of drafter families beside the trie and the composite", [shown])
+    print("\nwrote", write_json("drafting_bounds.json", report, records=records))
 
 
 if __name__ == "__main__":

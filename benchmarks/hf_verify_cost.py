@@ -14,6 +14,7 @@ import os
 import time
 
 import numpy as np
+from _common import write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -22,8 +23,9 @@ def main():
     import torch
     from draftcore import DraftTree
     from draftcore.adapters.torch_hf import HFVerifier, kv_cache, load_smollm2
+    from draftcore.tools.report import make_report, show_table
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-past", type=int, default=200)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64")
@@ -36,8 +38,10 @@ def main():
     verifier = HFVerifier(model)
     keyword = kv_cache.cache_keyword(model)   # looked up once, outside the timed forwards
     rng = np.random.default_rng(0)
-    print(f"SmolLM2-135M {args.dtype} {args.attn} {args.device}, torch threads {torch.get_num_threads()}, "
-          f"n_past ~{args.n_past}")
+    title = (f"SmolLM2-135M {args.dtype} {args.attn} {args.device}, torch threads {torch.get_num_threads()}, "
+             f"n_past ~{args.n_past}")
+    print(title, flush=True)
+    rows, records = [], []
     for n in [int(s) for s in args.sizes.split(",")]:
         verifier.prefill(rng.integers(0, verifier.vocab_size, args.n_past).astype(np.int32))
         parents = np.r_[-1, [rng.integers(0, i) for i in range(1, n)]] if n > 1 else np.array([-1])
@@ -50,8 +54,15 @@ def main():
             # draftcore (no tree mask, no explicit positions), interleaved so load affects both alike
             plain.append(_timed(lambda: _plain_forward(verifier, tree.tokens, keyword), args.device))
         ms, ms_plain = np.array(times[2:]) * 1e3, np.array(plain[2:]) * 1e3
-        print(f"  n={n:3d}: median {np.median(ms):7.1f} ms  (min {ms.min():6.1f}, max {ms.max():6.1f})"
-              f"   plain causal forward {np.median(ms_plain):7.1f} ms")
+        rows.append([n, f"{np.median(ms):.1f}", f"{ms.min():.1f}", f"{ms.max():.1f}", f"{np.median(ms_plain):.1f}"])
+        records.append({"nodes": n, "verify_ms": ms.tolist(), "plain_causal_ms": ms_plain.tolist()})
+        print(f"  n={n}: median {rows[-1][1]} ms", flush=True)   # progress; the table follows
+    header = ["tree nodes", "verify ms (median)", "min", "max", "plain causal forward ms (median)"]
+    shown = show_table(title, header, rows)
+    report = make_report("HFVerifier.verify wall time by tree size (SmolLM2-135M)", [shown],
+                         settings={"dtype": args.dtype, "attn": args.attn, "device": args.device,
+                                   "n_past": args.n_past, "reps": args.reps})
+    print("wrote", write_json("hf_verify_cost.json", report, records=records))
 
 
 def _timed(fn, device) -> float:

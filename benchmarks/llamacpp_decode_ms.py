@@ -28,9 +28,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import write_json
 
 from draftcore.adapters.llamacpp import LlamaCppVerifier
 from draftcore.adapters.llamacpp.batch import leaf_membership
+from draftcore.tools.report import make_report, show_table
 from draftcore.tree import DraftTree
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -115,13 +117,19 @@ def main() -> None:
             figures = (time_decode(v, tree, "all", args.reps), time_decode(v, tree, "last", args.reps),
                        time_verify(v, tree, args.reps))
             best[i] = tuple(min(a, b) for a, b in zip(best.get(i, figures), figures))
-    print(f"# {path.name}, {args.threads} threads, n_gpu_layers {args.gpu_layers}, flash_attn {args.flash_attn}, "
-          f"repack {'off' if args.no_repack else 'on'}, context {args.context}, "
-          f"min over {args.rounds} rounds of the median of {args.reps}, load average {os.getloadavg()[0]:.2f}")
-    print(f"{'shape':7s} {'nodes':>5s} {'leaves':>6s} {'all ms':>8s} {'last ms':>8s} {'verify ms':>9s}")
-    for i, (shape, tree) in enumerate(cells):
-        all_ms, last_ms, verify_ms = best[i]
-        print(f"{shape:7s} {len(tree):5d} {len(tree.leaves()):6d} {all_ms:8.2f} {last_ms:8.2f} {verify_ms:9.2f}")
+    title = (f"{path.name}, {args.threads} threads, n_gpu_layers {args.gpu_layers}, flash_attn {args.flash_attn}, "
+             f"repack {'off' if args.no_repack else 'on'}, context {args.context}, "
+             f"min over {args.rounds} rounds of the median of {args.reps}, load average {os.getloadavg()[0]:.2f}")
+    rows = [[shape, len(tree), len(tree.leaves()), *(f"{ms:.2f}" for ms in best[i])]
+            for i, (shape, tree) in enumerate(cells)]
+    shown = show_table(title, ["shape", "nodes", "leaves", "all ms", "last ms", "verify ms"], rows)
+    report = make_report("llama_decode of a draft tree by size and shape (llama.cpp)", [shown],
+                         settings={"gguf": path.name, "threads": args.threads, "n_gpu_layers": args.gpu_layers,
+                                   "flash_attn": args.flash_attn, "repack": not args.no_repack,
+                                   "context": args.context})
+    records = [{"shape": shape, "nodes": len(tree), "leaves": len(tree.leaves()), "all_ms": best[i][0],
+                "last_ms": best[i][1], "verify_ms": best[i][2]} for i, (shape, tree) in enumerate(cells)]
+    print("wrote", write_json("llamacpp_decode_ms.json", report, records=records))
 
 
 if __name__ == "__main__":

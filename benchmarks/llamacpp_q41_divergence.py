@@ -39,9 +39,10 @@ import numpy as np
 import draftcore
 from draftcore.adapters.llamacpp import LlamaCppVerifier
 from draftcore.tools.backends import llamacpp as lb
+from draftcore.tools.report import make_report, show_table
 from draftcore.tree import DraftTree
 
-from _common import markdown_table, write_json
+from _common import write_json
 
 F32_NAME = "smollm2-135m-instruct-f32.gguf"
 
@@ -285,15 +286,17 @@ def main() -> None:
         table += summary_rows(results[-1])
     header = ["config (weights:flash:kv)", "decoder", "outputs differing from (a)", "median first index",
               "(a) top-2 gap at it: median", "max |Δlogit| 1-token vs multi-token there", "where (dataset idx @ index)"]
-    print(f"# SmolLM2-135M-Instruct, {args.max_new_tokens} new tokens, {args.threads} thread(s), "
-          f"load average {os.getloadavg()[0]:.2f}")
-    if table:
-        print(markdown_table(header, table))
+    title = (f"SmolLM2-135M-Instruct, {args.max_new_tokens} new tokens, {args.threads} thread(s), "
+             f"load average {os.getloadavg()[0]:.2f}")
+    shown = [show_table(title, header, table)] if table else []
     probe_table = None
     if args.probe:
         probe_table = probe(prompts[0].ids, args, f32_path)
-        print(markdown_table(probe_table[0], probe_table[1:]))
-    print("wrote", write_json(args.out + ".json", {"args": vars(args), "results": results, "probe": probe_table}))
+        shown.append(show_table("max |logit| difference, one-token decoding vs k-token chains", probe_table[0],
+                                probe_table[1:]))
+    report = make_report("Where llama.cpp greedy decoding stops being exact on quantized weights", shown,
+                         settings={"threads": args.threads})
+    print("wrote", write_json(args.out + ".json", report, args=vars(args), results=results, probe=probe_table))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import argparse
 import os
 import statistics
 
-from _common import markdown_table, write_json
+from _common import write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -71,8 +71,9 @@ def main():
     from draftcore.adapters.torch_hf import HFVerifier
     from draftcore.tools.backends.hf import load_model, load_prompts
     from draftcore.tools.bench import run_benchmark
+    from draftcore.tools.report import make_report, show_table
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=int, default=8, help="drafted candidates verified per step (fixed)")
     ap.add_argument("--datasets", default="mtbench,humaneval")
     ap.add_argument("--n", type=int, default=20, help="prompts counted per dataset (one more warms up)")
@@ -102,10 +103,12 @@ def main():
             results.append(dict(dataset=dataset, drafter=name, budget=args.budget, prompts=len(runs),
                                 tokens_per_step_median=median, tokens_per_step_all=overall))
             rows.append([dataset, name, f"{median:.3f}", f"{overall:.3f}"])
-    print(f"SmolLM2-135M fp32, HF CPU, fixed budget {args.budget}, {args.n} prompts a dataset; "
-          f"outputs identical across drafters")
-    print(markdown_table(["dataset", "drafter", "tokens/step (median)", "tokens/step (all)"], rows))
-    print("wrote", write_json("model_outputs_value.json", dict(config=vars(args), results=results)))
+    title = (f"SmolLM2-135M fp32, HF CPU, fixed budget {args.budget}, {args.n} prompts a dataset; "
+             f"outputs identical across drafters")
+    shown = show_table(title, ["dataset", "drafter", "tokens/step (median)", "tokens/step (all)"], rows)
+    report = make_report("What drafters gain from the model's tokens at rejected candidates", [shown],
+                         settings={"budget": args.budget})
+    print("wrote", write_json("model_outputs_value.json", report, config=vars(args), results=results))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ cost table (--cost, default hf-cpu): plain decoding's time over the replay's, dr
 import argparse
 import time
 
-from _common import TRACES, TRACES_EOS, markdown_table, write_json
+from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import TrieDrafter
 from draftcore.tools.canonical import humaneval_canonical_traces
 from draftcore.tools.replay import replay
+from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
 
 CONFIGS = [
@@ -55,11 +56,13 @@ def main():
                 records += [{"config": label, "carried": carry, "budget": budget, "dataset": name,
                              "tokens_per_step": s.tokens_per_step, "simulated_speedup": s.speedup,
                              "budget_hist": s.budget_hist} for name, s in cells.items()]
-                print(" | ".join(str(c) for c in rows[-1]), flush=True)
+                print(", ".join(str(c) for c in rows[-1]), flush=True)   # progress; the table follows
     header = ["config", "trie", "budget"] + [f"{n}: tokens/step (sim. speedup, {args.cost})" for n in names]
     print()
-    print(markdown_table(header + ["replay time"], rows))
-    print("\nwrote", write_json("replay_table.json", records))
+    shown = show_table("", header + ["replay time"], rows)
+    report = make_report("Trie drafter configurations on recorded traces (replay, no model)", [shown],
+                         settings={"cost": args.cost})
+    print("\nwrote", write_json("replay_table.json", report, records=records))
 
 
 if __name__ == "__main__":

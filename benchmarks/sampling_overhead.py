@@ -3,8 +3,8 @@
 Processing (repetition penalty, temperature, top-k, top-p, min-p) plus the acceptance walk over
 SmolLM2's 49,152-token vocabulary, on a 17-node chain whose every drafted token is all but certain,
 so the walk reaches the leaf and every row is processed (the worst case: a walk that stops early
-processes only the rows it reached). Compare with a verify forward (HF SmolLM2 on 2 CPU cores:
-45-130 ms by tree size). Prints the median and p90 over the repetitions, in milliseconds.
+processes only the rows it reached). Compare with a verify forward (benchmarks/hf_verify_cost.py).
+Prints the median and p90 over the repetitions, in milliseconds.
 
     .venv/bin/python benchmarks/sampling_overhead.py [--reps 30]
 """
@@ -12,9 +12,11 @@ import argparse
 import time
 
 import numpy as np
+from _common import write_json
 
 from draftcore import DraftTree, SamplingParams
 from draftcore.sampling import make_rule
+from draftcore.tools.report import make_report, show_table
 
 
 def main() -> None:
@@ -40,8 +42,10 @@ def main() -> None:
         rule.accept(tree, tokens, logits)
         times.append(time.perf_counter() - t0)
     ms = 1e3 * np.array(times)
-    print(f"{n}-node chain, vocab {vocab}: median {np.median(ms):.3f} ms, p90 {np.percentile(ms, 90):.3f} ms "
-          f"per step ({args.reps} reps)")
+    row = [f"{n}-node chain", vocab, f"{np.median(ms):.3f}", f"{np.percentile(ms, 90):.3f}", args.reps]
+    shown = show_table("", ["tree", "vocab", "ms per step (median)", "p90", "reps"], [row])
+    report = make_report("Host-side cost of exact tree sampling per verify step", [shown])
+    print("wrote", write_json("sampling_overhead.json", report, milliseconds=ms.tolist()))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ import threading
 import time
 
 import numpy as np
-from _common import markdown_table, write_json
+from _common import write_json
 
 import draftcore
+from draftcore.tools.report import make_report, show_table
 
 
 def make_prompts(n, vocab, seed=0):
@@ -92,10 +93,11 @@ def main():
         exact = sum(np.array_equal(r.tokens, want) for r, want in zip(results, plain))
         rows.append([n, f"{tokens / steps:.3f}", f"{tokens / seconds:.1f}", f"{exact}/{len(prompts)}", f"{seconds:.1f}s"])
         payload[n] = dict(tokens=tokens, steps=steps, seconds=seconds, exact=exact, n_prompts=len(prompts))
-    print(f"backend {args.backend}, {args.prompts} prompts, {args.max_new_tokens} new tokens, budget {args.budget}, "
-          f"one shared TrieDrafter, one verifier per thread")
-    print(markdown_table(["threads", "tokens/step", "tok/s", "identical to plain", "wall"], rows))
-    write_json(f"shared_trie_threads_{args.backend}.json", payload)
+    title = (f"backend {args.backend}, {args.prompts} prompts, {args.max_new_tokens} new tokens, budget {args.budget}, "
+             f"one shared TrieDrafter, one verifier per thread")
+    shown = show_table(title, ["threads", "tokens/step", "tok/s", "identical to plain", "wall"], rows)
+    report = make_report(f"Threads sharing one TrieDrafter ({args.backend})", [shown])
+    print("wrote", write_json(f"shared_trie_threads_{args.backend}.json", report, results=payload))
 
 
 if __name__ == "__main__":

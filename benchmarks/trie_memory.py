@@ -1,11 +1,16 @@
 """Memory is bounded: insert 10^6 tokens into a trie of fixed capacity, across many requests,
-and check after every chunk that the live node count never exceeds the capacity."""
+and check after every chunk that the live node count never exceeds the capacity.
+
+    python benchmarks/trie_memory.py [--tokens 1000000] [--capacity 65536]
+"""
+import argparse
 import time
 
 import numpy as np
-from _common import markdown_table, write_json
+from _common import write_json
 
 from draftcore import TrieDrafter
+from draftcore.tools.report import make_report, show_table
 
 
 def main(total_tokens=1_000_000, capacity=1 << 16, request_tokens=2_000, chunk=4, vocab=2_000):
@@ -28,9 +33,14 @@ def main(total_tokens=1_000_000, capacity=1 << 16, request_tokens=2_000, chunk=4
     drafter.check_integrity()
     seconds = time.perf_counter() - t0
     row = [f"{inserted:,}", f"{capacity:,}", f"{max_nodes:,}", f"{drafter.n_nodes:,}", f"{seconds:.1f}s"]
-    print(markdown_table(["tokens inserted", "capacity", "max live nodes", "live nodes at end", "time"], [row]))
-    write_json("trie_memory.json", {"inserted": inserted, "capacity": capacity, "max_nodes": max_nodes})
+    shown = show_table("", ["tokens inserted", "capacity", "max live nodes", "live nodes at end", "time"], [row])
+    report = make_report("A trie of fixed capacity stays within it", [shown])
+    print("wrote", write_json("trie_memory.json", report, inserted=inserted, capacity=capacity, max_nodes=max_nodes))
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--tokens", type=int, default=1_000_000, help="tokens inserted in all")
+    parser.add_argument("--capacity", type=int, default=1 << 16, help="the trie's node capacity")
+    args = parser.parse_args()
+    main(total_tokens=args.tokens, capacity=args.capacity)

@@ -9,11 +9,12 @@ import argparse
 import time
 
 import numpy as np
-from _common import TRACES, markdown_table, write_json
+from _common import TRACES, write_json
 
 from draftcore import DraftTree, TrieDrafter
 from draftcore.tools.fixtures.naive_trie import NaiveTrie
 from draftcore.tools.replay import replay
+from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
 
 
@@ -68,9 +69,12 @@ def main():
                      f"{p['tokens_per_step']}"])
     rows.append(["ratio naive / numba", f"{slow['p50_us'] / fast['p50_us']:.0f}x",
                  f"{slow['p90_us'] / fast['p90_us']:.0f}x", "", ""])
-    print(f"\ndecoding length {args.decoding_length}, branch length {args.branch_length}")
-    print(markdown_table(["drafter", "µs per step p50", "p90", "steps", "tokens/step"], rows))
-    write_json("trie_speed.json", payload)
+    print()
+    shown = show_table(f"decoding length {args.decoding_length}, branch length {args.branch_length}",
+                       ["drafter", "µs per step p50", "p90", "steps", "tokens/step"], rows)
+    report = make_report("Drafting time per decode step: the jitted trie vs its naive Python twin", [shown],
+                         settings={"decoding_length": args.decoding_length, "branch_length": args.branch_length})
+    print("wrote", write_json("trie_speed.json", report, results=payload))
 
 
 if __name__ == "__main__":

