@@ -9,7 +9,7 @@ import pytest
 
 from draftcore.tools import cli
 from draftcore.tools.bench import (Method, Prompt, Run, bare_call_method, draftcore_method, format_table,
-                                   run_benchmark, summarize, write_outputs)
+                                   kernel_choices, run_benchmark, summarize, write_outputs)
 from draftcore.tools.traces import read_traces
 
 REPO_TRACES = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "smollm2_greedy_traces.jsonl.gz")
@@ -198,3 +198,36 @@ def test_fixed_budget_method_names_parse_any_drafter_and_refuse_what_the_verifie
         assert fixed_budget_method(name) is None, name
     with pytest.raises(ConfigError, match=r"'trie-fixed9'.*at most 8"):
         fixed_budget_method("trie-fixed9", max_draft=8)
+
+
+def test_kernel_choices_are_reported_once_per_verifier():
+    class Reporting:
+        def __init__(self, choices):
+            self.kernel_choices = choices
+
+    shared, other = Reporting({"one_token": {"0-255": "split"}}), Reporting({"split_head": False})
+    methods = [Method("plain", lambda p, n: None), Method("nodraft", lambda p, n: None, verifier=shared),
+               Method("bare", lambda p, n: None, verifier=shared), Method("other", lambda p, n: None, verifier=other),
+               Method("silent", lambda p, n: None, verifier=object())]
+    assert kernel_choices(methods) == {"nodraft + bare": {"one_token": {"0-255": "split"}},
+                                       "other": {"split_head": False}}
+
+
+def test_floor_prompts_have_the_asked_context_length_and_no_shared_text():
+    """benchmarks/floor.py's prompts: about `context` tokens each (the chat template included), cut
+    from different parts of the documentation."""
+    import importlib.util
+    pytest.importorskip("transformers")
+    from draftcore.tools.backends.prompts import load_tokenizer
+    spec = importlib.util.spec_from_file_location(
+        "floor", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "floor.py"))
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    tokenizer = load_tokenizer()
+    document = floor.document_ids(tokenizer)
+    for context in (100, 1000, 3000):
+        prompts = floor.context_prompts(tokenizer, document, context, 3)
+        assert [p.dataset for p in prompts] == [f"{context} tokens"] * 3
+        for p in prompts:
+            assert abs(len(p.ids) - context) <= 0.05 * context + 5
+        assert len({tuple(p.ids[-40:]) for p in prompts}) == 3

@@ -36,6 +36,7 @@ from draftcore.validate import positive_int, token_array
 from . import kv_cache
 from .head import checked_split_head, decoder_of
 from .masks import tree_forward_inputs
+from .one_token import OneTokenForwards
 from .selfcheck import check_tree_attention, tolerance
 
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -106,8 +107,15 @@ class HFVerifier:
         # The cache argument's name (`cache` since transformers 5.24) as the forward that verify calls declares it
         self._prefill_cache = kv_cache.cache_keyword(model)
         self._verify_cache = kv_cache.cache_keyword(decoder_of(model) if self._split_head is not None else model)
+        # A step without drafts runs the faster, measured per context length, of generate()'s own
+        # forward and the split head (one_token.py): never slower than the user's own decoding.
+        forwards = {"generate": self._generate_forward}
+        if self._split_head is not None:
+            forwards["split"] = self._split_forward
+        self._one_token = OneTokenForwards(forwards)
         if self_check:
             check_tree_attention(self)
+            self._one_token.forget()
 
     # ---------------------------------------------------------------- protocol attributes
 
@@ -207,7 +215,9 @@ class HFVerifier:
             with torch.inference_mode():
                 forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
                                use_cache=True, **{self._verify_cache: self._cache})
-                if self._split_head is not None:
+                if n == 1:
+                    logits = self._one_token(forward["input_ids"], self._n_past)
+                elif self._split_head is not None:
                     logits = self._split_head(**forward)             # [n, vocab] on the model's device
                 else:
                     logits = _logits(self._model(**forward))[0]
@@ -218,6 +228,34 @@ class HFVerifier:
         self._expect_cache_length(self._cache, self._n_past + n, "verify")
         self._tree = tree
         return result
+
+    def _generate_forward(self, token: torch.Tensor, n_past: int) -> torch.Tensor:
+        """[1, vocab] logits of one token through the model's forward as generate() calls it."""
+        positions = torch.tensor([[n_past]], device=self._device)
+        out = self._model(input_ids=token, position_ids=positions,
+                          attention_mask=torch.ones((1, n_past + 1), dtype=torch.long, device=self._device),
+                          use_cache=True, **{self._prefill_cache: self._cache}, **self._prefill_kwargs)
+        return _logits(out)[0, -1:]
+
+    def _split_forward(self, token: torch.Tensor, n_past: int) -> torch.Tensor:
+        """[1, vocab] logits of one token through the split head, without a mask (one query sees
+        every cached position)."""
+        positions = torch.tensor([[n_past]], device=self._device)
+        return self._split_head(input_ids=token, position_ids=positions, use_cache=True,
+                                **{self._verify_cache: self._cache})
+
+    @property
+    def kernel_choices(self) -> dict:
+        """What construction and the one-token race chose on this machine (for reports)."""
+        head = self._split_head
+        return {"split_head": head is not None, "weight_major_rows": self.weight_major_rows,
+                "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
+
+    @property
+    def one_token_choices(self) -> dict[str, str]:
+        """{context range: "generate" or "split"}: which forward a step without drafts runs at
+        each context length measured so far (one_token.py)."""
+        return self._one_token.choices()
 
     def _to_host(self, logits: torch.Tensor, n_logits: int) -> tuple[np.ndarray, np.ndarray]:
         """(int32[n] argmax of every row, float32[n_logits, vocab] C-contiguous copy of the first

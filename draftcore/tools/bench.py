@@ -35,13 +35,15 @@ class Run:
 class Method:
     """name: shown in the table; run(prompt_ids, max_new_tokens) -> Run; reset(): new dataset;
     restart(): new round of the whole prompt list (for state a method keeps across datasets).
-    sampled: the method samples, so its output is compared with no other (identical is None)."""
+    sampled: the method samples, so its output is compared with no other (identical is None).
+    verifier: the draftcore verifier it runs, if any (reports read its kernel choices)."""
 
     name: str
     run: Callable[[np.ndarray, int], Run]
     reset: Callable[[], None] = lambda: None
     sampled: bool = False
     restart: Callable[[], None] = lambda: None
+    verifier: object = None
 
 
 def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token_id=None, sampling=None,
@@ -74,7 +76,19 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
                               budget=state["budget"], eos_token_id=eos_token_id,
                               sampling=_next_seed(sampling, seeds))
 
-    return Method(name, run, reset, sampled=sampling is not None)
+    return Method(name, run, reset, sampled=sampling is not None, verifier=verifier)
+
+
+def kernel_choices(methods: Sequence[Method]) -> dict:
+    """{method names: what their verifier chose on this machine} for the verifiers that report it
+    (a `kernel_choices` attribute: HFVerifier's split head, Linear kernels, one-token forwards);
+    methods sharing a verifier share one entry, under their names joined by " + "."""
+    by_verifier: dict[int, tuple[list, dict]] = {}
+    for method in methods:
+        choices = getattr(method.verifier, "kernel_choices", None)
+        if choices is not None:
+            by_verifier.setdefault(id(method.verifier), ([], choices))[0].append(method.name)
+    return {" + ".join(names): choices for names, choices in by_verifier.values()}
 
 
 def fixed_budget_method(name: str, max_draft: int | None = None) -> tuple[str, int] | None:
@@ -124,7 +138,8 @@ def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
         return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, eos_token_id=eos_token_id,
                               sampling=_next_seed(sampling, seeds))
 
-    return Method(name, run, sampled=sampling is not None, restart=lambda: Session.of(verifier).reset())
+    return Method(name, run, sampled=sampling is not None, restart=lambda: Session.of(verifier).reset(),
+                  verifier=verifier)
 
 
 def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **options) -> Run:

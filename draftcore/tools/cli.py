@@ -137,7 +137,7 @@ def _bench_command(args) -> int:
     import os
 
     from .backends import load_backend
-    from .bench import run_benchmark, summarize, summary_table, write_outputs
+    from .bench import kernel_choices, run_benchmark, summarize, summary_table, write_outputs
     from .report import machine_line, make_report, table_text
     backend = load_backend(args.backend)
     model, tokenizer = backend.load_model(args.model, **_model_options(args, backend.load_model))
@@ -158,6 +158,9 @@ def _bench_command(args) -> int:
     if hasattr(backend, "model_settings"):   # what the backend's defaults resolved to, not only what was asked
         settings = backend.model_settings(model)
         config.update(settings)
+    kernels = kernel_choices(methods)   # what each verifier chose on this machine (after the runs)
+    if kernels:
+        settings["kernels"] = kernels
     summary = summary_table(rows)
     run = make_report(f"draftcore bench, {config['title']}", [summary], command=getattr(args, "command_line", None),
                       settings=settings)

@@ -1,0 +1,79 @@
+"""A one-node verify (a step without drafts, the budget's pause) runs the faster of two forwards,
+measured on this machine at this context length.
+
+Without drafts, a step is one token: draftcore then must cost no more than the user's own decoding.
+Two forwards compute it:
+
+    "generate"   the model's own forward as `generate()` calls it: input_ids [1, 1], positions,
+                 a 2-D all-ones attention_mask, logits_to_keep=1. No 4-D mask is built, so `sdpa`
+                 runs its grouped-head kernel without copying K/V for every query head.
+    "split"      the verifier's split head (head.py), without a mask either (one query sees every
+                 cached position): the decoder, then `W @ hidden.T`, with the Linear kernels chosen
+                 at construction.
+
+Which is faster depends on the CPU (the split's kernels pay on one machine and not on another) and on
+the context (attention grows with it, the Linear layers do not). So neither is assumed: per context
+bucket (powers of two of n_past, everything under 256 in one), the first calls alternate between the
+two, `TRIALS` each, and the bucket then keeps the one with the lower median. Each bucket's choice is
+kept for the verifier's lifetime, across requests. The two give the same logits within the split
+head's construction check (head.py); the "generate" one is the very forward plain decoding runs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+TRIALS = 3            # timed calls of each forward per context bucket before one is kept
+SMALLEST_BUCKET = 8   # contexts under 2**8 tokens share one bucket
+
+
+def context_bucket(n_past: int) -> int:
+    """The bucket of a context of n_past tokens: its bit length, at least SMALLEST_BUCKET."""
+    return max(int(n_past).bit_length(), SMALLEST_BUCKET)
+
+
+def bucket_range(bucket: int) -> str:
+    """The contexts a bucket holds, as text (for reports)."""
+    low = 0 if bucket == SMALLEST_BUCKET else 2 ** (bucket - 1)
+    return f"{low}-{2 ** bucket - 1}"
+
+
+class OneTokenForwards:
+    """Runs a one-node forward through whichever of `forwards` measured faster at its context.
+
+    forwards: name -> callable(token, n_past) returning the forward's result; the first name is the
+        one a bucket starts with. With one forward there is nothing to choose and nothing is timed.
+    clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(self, forwards: dict[str, Callable[[object, int], object]], clock: Callable[[], float] = time.perf_counter):
+        self.forwards = forwards
+        self.clock = clock
+        self._seconds: dict[int, dict[str, list[float]]] = {}   # bucket -> forward -> trial seconds
+        self.chosen: dict[int, str] = {}                         # bucket -> the forward it keeps
+
+    def __call__(self, token, n_past: int):
+        bucket = context_bucket(n_past)
+        name = self.chosen.get(bucket)
+        if name is not None or len(self.forwards) == 1:
+            return self.forwards[name or next(iter(self.forwards))](token, n_past)
+        trials = self._seconds.setdefault(bucket, {key: [] for key in self.forwards})
+        name = min(trials, key=lambda key: len(trials[key]))   # alternate: the one with fewest trials
+        start = self.clock()
+        result = self.forwards[name](token, n_past)
+        trials[name].append(self.clock() - start)
+        if all(len(seconds) >= TRIALS for seconds in trials.values()):
+            self.chosen[bucket] = min(trials, key=lambda key: float(np.median(trials[key])))
+        return result
+
+    def forget(self) -> None:
+        """Drop every measurement and choice (after construction's self-check, whose few cold calls
+        should not decide)."""
+        self._seconds.clear()
+        self.chosen.clear()
+
+    def choices(self) -> dict[str, str]:
+        """{context range: the forward kept there} for the buckets decided so far."""
+        return {bucket_range(bucket): name for bucket, name in sorted(self.chosen.items())}

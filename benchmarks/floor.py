@@ -1,0 +1,120 @@
+"""The floor: draftcore without drafts (budget 0) and the bare auto call against each backend's own
+plain decoding, at about 100, 1,000 and 3,000 tokens of context.
+
+Where drafting does not pay, draftcore must not be slower than the user's own decoding, on any
+machine and at any context length. Each prompt asks for a summary of a slice of Python's reference
+documentation (pydoc_data, in the standard library) cut to the context length; every method runs
+every prompt, interleaved, after one short warm-up run each. Per (backend, context): median tok/s,
+the median and lowest per-prompt ratio to plain, the prompts below 0.95x, tokens per step and
+identical outputs; then the machine and the kernel choices each verifier made.
+
+    .venv/bin/python benchmarks/floor.py                      # hf, llamacpp, onnx; 100,1000,3000; 3 prompts
+    .venv/bin/python benchmarks/floor.py --backends hf --contexts 100,1000 --n 2 --new 32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from draftcore.tools.backends import load_backend
+from draftcore.tools.bench import Prompt, kernel_choices, run_benchmark, summarize
+from draftcore.tools.report import command_line, machine_line, make_report, table, table_text
+
+METHODS = ("plain", "nodraft", "bare")
+FLOOR = 0.95
+
+
+def document_ids(tokenizer) -> np.ndarray:
+    """Python's reference documentation (pydoc_data.topics, in topic order) as token ids."""
+    from pydoc_data.topics import topics
+    text = "\n\n".join(topics[name].strip() for name in sorted(topics))
+    return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+
+
+def context_prompts(tokenizer, document: np.ndarray, context: int, n: int) -> list[Prompt]:
+    """`n` chat prompts of about `context` tokens: a request to summarise a slice of `document`,
+    slices spread over it so that no two prompts share text."""
+    def chat(text):
+        message = f"Summarise the following part of Python's reference documentation:\n\n{text}"
+        return tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+
+    overhead = len(chat(""))
+    length = max(context - overhead, 8)
+    starts = np.linspace(0, len(document) - length, n + 1).astype(int)[:n]
+    prompts = []
+    for i, start in enumerate(starts):
+        text = tokenizer.decode(document[start:start + length])
+        prompts.append(Prompt(f"{context} tokens", i, np.asarray(chat(text), np.int32)))
+    return prompts
+
+
+def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str) -> tuple[list[list], dict]:
+    backend = load_backend(name)
+    options = {"llamacpp": {"n_ctx": max(contexts) + new_tokens + 256}, "hf": {"attn": hf_attn}}.get(name, {})
+    model, tokenizer = backend.load_model(None, **options)
+    methods = backend.make_methods(model, tokenizer, METHODS)
+    document = document_ids(tokenizer)
+    prompts = [p for context in contexts for p in context_prompts(tokenizer, document, context, n)]
+    for method in methods:   # one short warm-up run each: first-call costs are no method's speed
+        method.run(prompts[0].ids[:64], 8)
+    records = run_benchmark(methods, prompts, new_tokens, warmup=0)
+    rows = []
+    for row in summarize(records, baseline=methods[0].name):
+        ratios = [r for r in _ratios(records, row["dataset"], row["method"], methods[0].name)]
+        below = sum(r < FLOOR for r in ratios)
+        rows.append([name, row["dataset"], row["method"], row["prompts"], f"{row['tok_s']:.1f}",
+                     f"{row['speedup']:.2f}x", f"{row['speedup_min']:.2f}x", f"{below}/{len(ratios)}",
+                     f"{row['tokens_per_step']:.2f}", f"{row['identical']}/{row['prompts']}"])
+    return rows, {"records": records, "kernel_choices": kernel_choices(methods),
+                  "settings": backend.model_settings(model) if hasattr(backend, "model_settings") else {}}
+
+
+def _ratios(records, dataset, method, baseline):
+    base = {r["idx"]: r for r in records if r["dataset"] == dataset and r["method"] == baseline}
+    return [base[r["idx"]]["seconds"] / r["seconds"] * r["new_tokens"] / max(base[r["idx"]]["new_tokens"], 1)
+            for r in records if r["dataset"] == dataset and r["method"] == method and r["idx"] in base]
+
+
+HEADER = ["backend", "context", "method", "prompts", "tok/s (median)", "vs plain (median)", "lowest",
+          f"prompts below {FLOOR}x", "tokens/step", "identical"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="hf,llamacpp,onnx")
+    parser.add_argument("--contexts", default="100,1000,3000")
+    parser.add_argument("--n", type=int, default=3, help="prompts per context length")
+    parser.add_argument("--new", type=int, default=64, help="new tokens per prompt")
+    parser.add_argument("--hf-attn", default="sdpa",
+                        help="the HF model's attention: 'sdpa' is what from_pretrained gives users")
+    parser.add_argument("--out", default="bench_out/floor")
+    args = parser.parse_args(argv)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    rows, details = [], {}
+    for name in args.backends.split(","):
+        backend_rows, details[name] = run_backend(name, contexts, args.n, args.new, args.hf_attn)
+        rows += backend_rows
+        print(table_text(table("", HEADER, backend_rows)), flush=True)
+    kept = table(f"budget 0 and the bare call against plain decoding, {args.new} new tokens", HEADER, rows)
+    settings = {name: {**d["settings"], "kernel choices": d["kernel_choices"]} for name, d in details.items()}
+    report = make_report("The floor: draftcore against each backend's plain decoding by context length", [kept],
+                         command=command_line(sys.argv if argv is None else ["benchmarks/floor.py", *argv]),
+                         settings={"kernels": json.dumps(settings)})
+    print(f"\nmachine: {machine_line(report['machine'])}")
+    for name, d in details.items():
+        print(f"{name} kernel choices: {d['kernel_choices']}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"report": report, "records": {k: d["records"] for k, d in details.items()}}, f, indent=1,
+                  default=str)
+    print("wrote", args.out + ".json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""A step without drafts runs the faster of generate()'s forward and the split head, measured per
+context length (adapters/torch_hf/one_token.py), and either one gives generate()'s tokens."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import draftcore  # noqa: E402
+from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
+from draftcore.adapters.torch_hf.one_token import (  # noqa: E402
+    TRIALS, OneTokenForwards, bucket_range, context_bucket)
+from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def timed_forwards(clock, seconds):
+    """Forwards that advance `clock` by seconds[name](n_past) and log their calls."""
+    calls = []
+
+    def make(name):
+        def forward(token, n_past):
+            calls.append((name, n_past))
+            clock.now += seconds[name](n_past)
+            return name
+        return forward
+
+    return {name: make(name) for name in seconds}, calls
+
+
+def test_buckets_are_powers_of_two_with_short_contexts_together():
+    assert [context_bucket(n) for n in (0, 1, 255, 256, 511, 512, 1000, 3000)] == [8, 8, 8, 9, 9, 10, 10, 12]
+    assert bucket_range(8) == "0-255" and bucket_range(10) == "512-1023"
+
+
+def test_each_bucket_alternates_then_keeps_the_faster():
+    """Split faster at short contexts, generate()'s forward faster past 1,024 tokens (as on a CPU
+    where the split's kernels stop paying): each bucket keeps its own winner after TRIALS each."""
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050,
+                                             "split": lambda n: 0.040 if n < 1024 else 0.060})
+    chooser = OneTokenForwards(forwards, clock)
+    for n_past in range(100, 100 + 2 * TRIALS + 5):
+        chooser(None, n_past)
+    tried = [name for name, _ in calls[:2 * TRIALS]]
+    assert tried == ["generate", "split"] * TRIALS
+    assert [name for name, _ in calls[2 * TRIALS:]] == ["split"] * 5
+    for n_past in range(2000, 2000 + 2 * TRIALS + 5):
+        chooser(None, n_past)
+    assert [name for name, _ in calls[-5:]] == ["generate"] * 5
+    assert chooser.choices() == {"0-255": "split", "1024-2047": "generate"}
+
+
+def test_one_slow_trial_does_not_decide():
+    """The median of each forward's trials decides: one stall of the faster one is outvoted."""
+    clock = FakeClock()
+    stalls = iter([0.5])
+    forwards, _ = timed_forwards(clock, {"generate": lambda n: 0.050,
+                                         "split": lambda n: next(stalls, 0.040)})
+    chooser = OneTokenForwards(forwards, clock)
+    for n_past in range(2 * TRIALS):
+        chooser(None, n_past)
+    assert chooser.choices() == {"0-255": "split"}
+
+
+def test_a_single_forward_is_never_timed():
+    def clock():
+        raise AssertionError("timed")
+    chooser = OneTokenForwards({"generate": lambda token, n_past: n_past}, clock)
+    assert [chooser(None, n) for n in (1, 300, 5000)] == [1, 300, 5000]
+    assert chooser.choices() == {}
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "draftcore_sdpa"])
+@pytest.mark.parametrize("kept", ["generate", "split"])
+def test_no_draft_steps_equal_generate_whichever_forward_is_kept(attn, kept):
+    """budget=0 runs one-node verifies only: with either forward kept at every context, and with
+    the two alternating (a fresh verifier measuring), the tokens are generate()'s."""
+    model = tiny_llama(seed=0, attn_implementation=attn)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(2, model.config.vocab_size, 300).astype(np.int32)   # spans two buckets
+    with torch.inference_mode():
+        ids = torch.from_numpy(prompt).long()[None]
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
+                              eos_token_id=1, pad_token_id=1)[0, 300:].numpy()
+    assert len(want) >= 20
+    measuring = HFVerifier(model)
+    got = draftcore.speculate(measuring, prompt, max_new_tokens=40, budget=0, eos_token_id=1).tokens
+    assert got.tolist() == want.tolist()
+    assert set(measuring.one_token_choices) == {"256-511"}
+    forced = HFVerifier(model)
+    forced._one_token.chosen = {bucket: kept for bucket in range(8, 20)}
+    calls = []
+    forward = forced._one_token.forwards[kept]
+    forced._one_token.forwards[kept] = lambda token, n_past: calls.append(n_past) or forward(token, n_past)
+    got = draftcore.speculate(forced, prompt, max_new_tokens=40, budget=0, eos_token_id=1).tokens
+    assert got.tolist() == want.tolist()
+    assert len(calls) == len(want) - 1   # every step after the prefill went through the kept forward
