@@ -208,7 +208,7 @@ def test_inexact_batches_are_warned_about_once(packaged_gguf):
     with pytest.warns(InexactBatchWarning, match="DraftcoreDraftModel: .*flash_attn=True") as caught:
         for prompt in ("def add(a, b):", "def add(a, b):", "Hello"):
             llm.create_completion(prompt, max_tokens=8, temperature=0.0)
-    assert [w.category for w in caught] == [InexactBatchWarning]   # once, over three calls
+    assert [w.category for w in caught if w.category is InexactBatchWarning] == [InexactBatchWarning]  # once
     assert caught[0].filename == __file__
     assert draft_model.self_check_error > NEAR_TIE_ONLY and draft_model.steps > 0
     with pytest.warns(InexactBatchWarning, match="flash_attn=True") as caught:
@@ -252,3 +252,34 @@ def test_smollm2_f32_completions_and_chat_equal_plain(smollm2_f32_gguf):
         got = spec.create_chat_completion(messages=messages, temperature=0.0, max_tokens=48)
         assert got["choices"][0]["message"] == want["choices"][0]["message"]
     assert draft_model.accepted_tokens > 0
+
+
+# -- logits_all with a large vocabulary --------------------------------------------------------------------
+def test_a_prompt_made_slow_by_logits_all_is_warned_about_with_the_measured_cost(tmp_path):
+    """A draft model makes llama-cpp-python compute and copy every position's logits. Over a
+    262,144-token vocabulary (a tiny random Llama: the head is nearly all of the model) that makes a
+    prompt's evaluation several times slower: the drop-in measures it on its first Llama and warns
+    once, naming the vocabulary and the way out. Over 512 tokens it stays under the threshold."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("torch")
+    from draftcore.adapters.llamacpp.logits_cost import (SLOWDOWN_WARNED, AllLogitsCostWarning,
+                                                         all_logits_slowdown, warn_if_slow)
+    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
+    big = tmp_path / "vocab262k.gguf"
+    write_tiny_llama_gguf(big, seed=0, vocab_size=262_144)
+    draft_model = DraftcoreDraftModel(budget=4)
+    llm = llama_cpp.Llama(str(big), n_ctx=256, logits_all=True, draft_model=draft_model, **EXACT)
+    with pytest.warns(AllLogitsCostWarning, match=r"262,144-token vocabulary .*LlamaCppVerifier") as caught:
+        for _ in range(2):
+            llm.create_completion([1, 300, 301, 302, 300, 301], max_tokens=4, temperature=0.0)
+    assert [w.category for w in caught if w.category is AllLogitsCostWarning] == [AllLogitsCostWarning]
+    assert caught[0].filename == __file__
+    assert draft_model.all_logits_slowdown > 2 * SLOWDOWN_WARNED
+    # The rule itself, without timing: silent at or below the threshold.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AllLogitsCostWarning)
+        warn_if_slow(SLOWDOWN_WARNED, 512)
+    small = tmp_path / "vocab512.gguf"
+    write_tiny_llama_gguf(small, seed=0, vocab_size=512)
+    assert all_logits_slowdown(llama_cpp, llama_cpp.Llama(str(small), n_ctx=256, **EXACT)) < 0.5 * \
+        draft_model.all_logits_slowdown

@@ -867,6 +867,9 @@ def test_bench_methods_on_the_packaged_model(packaged_gguf):
     pydoc = bench.load_prompts(tokenizer, "pydoc", 2)
     assert [p.dataset for p in pydoc] == ["pydoc", "pydoc"]
     assert all(400 <= len(p.ids) <= 1200 and p.ids[0] == prompts[1].ids[0] for p in pydoc)
+    for kind in ("edit", "agent", "extract"):   # chat prompts through the GGUF's template, like pydoc's
+        workload = bench.load_prompts(tokenizer, kind, 2)
+        assert [p.dataset for p in workload] == [kind, kind] and all(p.ids[0] == prompts[1].ids[0] for p in workload)
 
 
 def _requantized(source, target, ftype) -> str:

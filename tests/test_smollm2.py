@@ -37,3 +37,20 @@ def test_speculative_greedy_equals_generate(smollm2, dataset, budget):
         assert_same_greedy(verifier, prompt.ids, result.tokens, want, TIE_TOL)
         accepted += sum(k * c for k, c in enumerate(result.stats.accepted_hist))
     assert accepted > 0, "no draft token was ever accepted: the equality above proved little"
+
+
+@pytest.mark.parametrize("dataset", ["edit", "agent", "extract"])
+def test_speculative_greedy_equals_generate_on_the_workloads(smollm2, dataset):
+    """The workloads where drafting pays most (tools/datasets.py), with the bare call's learning
+    session: outputs equal generate()'s, and on `edit` most tokens come from accepted drafts."""
+    model, tokenizer, verifier = smollm2
+    session = draftcore.Session(verifier)
+    tokens = steps = 0
+    for prompt in load_prompts(tokenizer, dataset, 3):
+        want = plain_greedy(model, tokenizer, prompt.ids, NEW_TOKENS)
+        result = session.speculate(prompt.ids, max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id)
+        assert_same_greedy(verifier, prompt.ids, result.tokens, want, TIE_TOL)
+        tokens, steps = tokens + len(result.tokens), steps + result.stats.steps
+    assert steps < tokens
+    if dataset == "edit":
+        assert tokens >= 2 * steps   # the code it rewrites is in its prompt

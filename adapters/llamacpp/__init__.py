@@ -37,8 +37,9 @@ if _loaded_before("numba", "llama_cpp") and llama_cpp.llama_supports_gpu_offload
         "DraftTree, e.g. at the top of your program.", RuntimeWarning, stacklevel=2)
 
 from .draft_model import DraftcoreDraftModel, speculative_llama  # noqa: E402
+from .logits_cost import AllLogitsCostWarning  # noqa: E402
 from .numerics import InexactBatchWarning  # noqa: E402
 from .verifier import ChainOnlyWarning, LlamaCppVerifier  # noqa: E402
 
-__all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "InexactBatchWarning", "DraftcoreDraftModel",
-           "speculative_llama"]
+__all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "InexactBatchWarning", "AllLogitsCostWarning",
+           "DraftcoreDraftModel", "speculative_llama"]

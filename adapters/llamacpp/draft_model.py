@@ -25,7 +25,7 @@ What the draft model does per call:
 One draft model serves one `Llama` at a time (llama-cpp-python's loop is sequential); a second
 concurrent caller gets `BusyError`. Several may share one TrieDrafter (`drafter=`).
 
-Two checks of the Llama served, since llama-cpp-python's own settings can break or change its output:
+Three checks of the Llama served, since llama-cpp-python's own settings can break or change its output:
   * logits_all: a draft model makes llama-cpp-python keep every position's logits, but it sizes that
     buffer (`Llama.scores`) from the constructor's `logits_all`: without logits_all=True it holds
     n_batch rows, and `Llama.eval` fails with a numpy broadcast ValueError once prompt + output pass
@@ -39,6 +39,9 @@ Two checks of the Llama served, since llama-cpp-python's own settings can break 
     is not disturbed. Where multi-token batches differ (quantized weights with flash attention off,
     K-quants) it warns once (InexactBatchWarning, naming what to change): greedy output can then
     differ from plain decoding at near-ties, as it does with llama-cpp-python's own prompt lookup.
+  * the cost of logits_all: on the same first Llama it times a prompt batch with every row's logits
+    against the last row's only (logits_cost.py) and warns once (AllLogitsCostWarning) where that
+    makes prompts much slower, as a large vocabulary over a small model does.
 The draft model is called with `Llama.input_ids[:n]` only: it finds the Llama as the caller's `self`
 (Llama.generate's frame), confirmed by `llm.draft_model is self` and the buffer the ids view; a call
 from anywhere else (a test calling it directly) is not checked. The Llama is never modified.
@@ -60,6 +63,7 @@ from draftcore.errors import describe
 from draftcore.validate import flag, positive_int
 
 from .context import DEFAULT_N_BATCH, import_llama_cpp
+from .logits_cost import all_logits_slowdown, warn_if_slow
 from .numerics import CPU_TREE_NODES, warn_if_inexact
 from .verifier import llama_batch_error
 
@@ -125,6 +129,7 @@ class DraftcoreDraftModel(LlamaDraftModel):
                               f"{DEFAULT_N_BATCH} by default), got {max_draft_tokens}")
         self.self_check = flag("self_check", self_check)
         self.self_check_error = None
+        self.all_logits_slowdown = None   # a prompt's evaluation with logits_all / without (logits_cost.py)
         self.budget = CostAwareBudget(max_nodes=self.max_draft_tokens) if budget == "auto" \
             else as_budget_policy(budget)
         self._served = weakref.WeakSet()       # the Llamas checked (check_llama)
@@ -165,6 +170,8 @@ class DraftcoreDraftModel(LlamaDraftModel):
             warn_if_inexact(lib, self.self_check_error, ftype=int(lib.llama_model_ftype(llm.model)),
                             flash_attn_type=int(llm.context_params.flash_attn_type), who="DraftcoreDraftModel",
                             batch_limit=f"keep max_draft_tokens at most {CPU_TREE_NODES - 1}")
+            self.all_logits_slowdown = all_logits_slowdown(lib, llm)
+            warn_if_slow(self.all_logits_slowdown, llm.n_vocab())
         self._served.add(llm)
 
     def _check_caller(self, input_ids, frame) -> None:

@@ -5,6 +5,9 @@
 - Python documentation requests: chat prompts asking to summarise or explain one section of Python's
   own reference documentation (the standard library's `pydoc_data.topics`): long prose with its
   source material in the prompt, where drafting from the prompt gains least.
+- Workloads where drafting pays, built from the above: `edit` (rewrite a HumanEval function with one
+  stated change), `agent` (requests sharing a JSON tool schema, answered with a JSON tool call),
+  `extract` (JSON fields copied from a HumanEval function stub).
 """
 from __future__ import annotations
 
@@ -68,3 +71,64 @@ def byte_tokenize(text: str):
     """Fallback tokenizer when no real one is installed: UTF-8 bytes as token ids 0..255."""
     import numpy as np
     return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+
+# ---------------------------------------------------------------- workloads where drafting pays
+# Chat requests built reproducibly from the packages above. What the model writes is mostly in its
+# context: the code it was given (edit), the tool schema and the JSON shape of earlier requests
+# (agent), the document's own words (extract).
+
+WORKLOADS = ("edit", "agent", "extract")
+
+_AGENT_TOOLS = [
+    {"name": "search_documentation", "description": "Search the project's documentation.",
+     "parameters": {"query": {"type": "string", "description": "what to look for"},
+                    "max_results": {"type": "integer", "description": "how many results, 1 to 10"}}},
+    {"name": "run_python", "description": "Run Python code in a sandbox and return its output.",
+     "parameters": {"code": {"type": "string", "description": "the code to run"},
+                    "timeout_seconds": {"type": "integer", "description": "time limit"}}},
+    {"name": "write_file", "description": "Write a text file in the workspace.",
+     "parameters": {"path": {"type": "string", "description": "the file's path"},
+                    "content": {"type": "string", "description": "the whole text"}}},
+]
+
+
+def edit_requests(n: int) -> list[str]:
+    """Rewrite a HumanEval function (prompt + canonical solution) with one stated change, a rename
+    of the function: the answer is the input with a small change, as in speculative edits."""
+    requests = []
+    for problem in humaneval_problems()[:n]:
+        name = problem["entry_point"]
+        code = (problem["prompt"] + problem["canonical_solution"]).strip("\n")
+        requests.append(f"Rewrite the following Python code with one change: rename the function `{name}` to "
+                        f"`{name}_v2`. Keep everything else exactly as it is, docstring included, and reply with "
+                        f"the whole code only.\n\n```python\n{code}\n```")
+    return requests
+
+
+def agent_requests(n: int) -> list[str]:
+    """A sequence of requests sharing one tool schema (JSON), each answered with a JSON tool call:
+    MT-Bench first turns as the users' tasks."""
+    schema = json.dumps(_AGENT_TOOLS, indent=1)
+    return [f"You are an assistant that acts only through tools. The tools, as JSON:\n{schema}\n\nTask: "
+            f"{question}\n\nReply with exactly one JSON object of the form {{\"tool\": \"<name>\", "
+            f"\"arguments\": {{...}}}} calling the most useful tool for the task, and nothing else."
+            for question in mtbench_first_turns()[:n]]
+
+
+def extract_requests(n: int) -> list[str]:
+    """JSON fields copied from a document: a HumanEval function stub's name, parameters, first
+    docstring sentence and examples."""
+    return [f"From the following Python function stub, extract a JSON object with the fields \"name\" (the "
+            f"function's name), \"parameters\" (a list of the parameter names), \"summary\" (the docstring's "
+            f"first sentence, verbatim) and \"examples\" (a list of the example calls with their results, "
+            f"verbatim). Reply with the JSON only.\n\n```python\n{problem['prompt'].strip(chr(10))}\n```"
+            for problem in humaneval_problems()[:n]]
+
+
+def workload_requests(kind: str, n: int) -> list[str]:
+    """The first `n` chat messages of workload `kind` (WORKLOADS)."""
+    makers = {"edit": edit_requests, "agent": agent_requests, "extract": extract_requests}
+    if kind not in makers:
+        raise InputError(f"dataset: expected one of {list(WORKLOADS)}, got {kind!r}")
+    return makers[kind](n)

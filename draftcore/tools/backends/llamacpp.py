@@ -60,8 +60,9 @@ from ...drafters import drafter_names
 from ...errors import ConfigError, InputError
 from ..bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
 from ..bench import draftcore_method as bench_method
-from ..datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
+from ..datasets import WORKLOADS, humaneval_problems, mtbench_first_turns, pydoc_requests, workload_requests
 from .default_model import default_gguf
+from .prompts import DATASETS
 from .prompts import load_prompts as tokenizer_prompts
 
 METHODS = ("plain", "prompt_lookup", "bare", "trie")
@@ -138,8 +139,8 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     tokenizes (BOS only where the model asks for it) and the GGUF's own chat template is applied
     (ChatML when the file has none).
     """
-    if dataset not in ("humaneval", "mtbench", "pydoc"):
-        raise InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
+    if dataset not in DATASETS:
+        raise InputError(f"dataset: expected one of {list(DATASETS)}, got {dataset!r}")
     lib = import_llama_cpp()
     if not isinstance(tokenizer, lib.Llama):
         return tokenizer_prompts(tokenizer, dataset, n)
@@ -149,6 +150,8 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
                for p in humaneval_problems()[:n]]
     elif dataset == "mtbench":
         ids = [_chat_ids(lib, llm, q) for q in mtbench_first_turns()[:n]]
+    elif dataset in WORKLOADS:
+        ids = [_chat_ids(lib, llm, message) for message in workload_requests(dataset, n)]
     else:
         ids = [_chat_ids(lib, llm, r["message"])
                for r in pydoc_requests(lambda text: len(_chat_ids(lib, llm, text)), n)]

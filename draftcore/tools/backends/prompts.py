@@ -4,7 +4,8 @@ llama.cpp (with the default model), so their benchmarks compare like with like.
     load_tokenizer(model_path=None)       SmolLM2's tokenizer by default, else an HF folder's
     load_prompts(tokenizer, dataset, n)   HumanEval as raw code completion; MT-Bench first turns and
                                           Python documentation requests (`pydoc`: 400-1,200 tokens
-                                          each) through the chat template
+                                          each) and the workloads `edit`, `agent`, `extract`
+                                          (datasets.py) through the chat template
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import numpy as np
 
 from ...errors import InputError
 from ..bench import Prompt
-from ..datasets import humaneval_problems, mtbench_first_turns, pydoc_requests
+from ..datasets import WORKLOADS, humaneval_problems, mtbench_first_turns, pydoc_requests, workload_requests
 
-DATASETS = ("humaneval", "mtbench", "pydoc")
+DATASETS = ("humaneval", "mtbench", "pydoc", *WORKLOADS)
 
 
 def load_tokenizer(model_path: str | None = None):
@@ -40,6 +41,8 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
         ids = [chat(q) for q in mtbench_first_turns()[:n]]
     elif dataset == "pydoc":
         ids = [chat(r["message"]) for r in pydoc_requests(lambda text: len(chat(text)), n)]
+    elif dataset in WORKLOADS:
+        ids = [chat(message) for message in workload_requests(dataset, n)]
     else:
-        raise InputError(f"dataset: expected 'humaneval', 'mtbench' or 'pydoc', got {dataset!r}")
+        raise InputError(f"dataset: expected one of {list(DATASETS)}, got {dataset!r}")
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
