@@ -153,7 +153,7 @@ def _bench_command(args) -> int:
     rows = summarize(records, baseline=methods[0].name)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     config = _config(args)
-    config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.max_new_tokens} new tokens"
+    config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.datasets}, {args.max_new_tokens} new tokens"
     settings = {}
     if hasattr(backend, "model_settings"):   # what the backend's defaults resolved to, not only what was asked
         settings = backend.model_settings(model)
