@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from draftcore.tools.backends import load_backend
-from draftcore.tools.bench import Prompt, kernel_choices, run_benchmark, summarize
+from draftcore.tools.bench import Prompt, kernel_choices, per_prompt_speedups, run_benchmark, summarize
 from draftcore.tools.report import command_line, machine_line, make_report, table, table_text
 
 METHODS = ("plain", "nodraft", "bare")
@@ -63,21 +63,17 @@ def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str) -> t
     for method in methods:   # one short warm-up run each: first-call costs are no method's speed
         method.run(prompts[0].ids[:64], 8)
     records = run_benchmark(methods, prompts, new_tokens, warmup=0)
+    base = {(r["dataset"], r["idx"]): r for r in records if r["method"] == methods[0].name}
     rows = []
     for row in summarize(records, baseline=methods[0].name):
-        ratios = [r for r in _ratios(records, row["dataset"], row["method"], methods[0].name)]
+        ratios = per_prompt_speedups([r for r in records if (r["dataset"], r["method"]) ==
+                                      (row["dataset"], row["method"])], base)
         below = sum(r < FLOOR for r in ratios)
         rows.append([name, row["dataset"], row["method"], row["prompts"], f"{row['tok_s']:.1f}",
                      f"{row['speedup']:.2f}x", f"{row['speedup_min']:.2f}x", f"{below}/{len(ratios)}",
                      f"{row['tokens_per_step']:.2f}", f"{row['identical']}/{row['prompts']}"])
     return rows, {"records": records, "kernel_choices": kernel_choices(methods),
                   "settings": backend.model_settings(model) if hasattr(backend, "model_settings") else {}}
-
-
-def _ratios(records, dataset, method, baseline):
-    base = {r["idx"]: r for r in records if r["dataset"] == dataset and r["method"] == baseline}
-    return [base[r["idx"]]["seconds"] / r["seconds"] * r["new_tokens"] / max(base[r["idx"]]["new_tokens"], 1)
-            for r in records if r["dataset"] == dataset and r["method"] == method and r["idx"] in base]
 
 
 HEADER = ["backend", "context", "method", "prompts", "tok/s (median)", "vs plain (median)", "lowest",

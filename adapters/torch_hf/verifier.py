@@ -213,14 +213,16 @@ class HFVerifier:
         self._drop_tree()
         try:
             with torch.inference_mode():
-                forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
-                               use_cache=True, **{self._verify_cache: self._cache})
-                if n == 1:
-                    logits = self._one_token(forward["input_ids"], self._n_past)
-                elif self._split_head is not None:
-                    logits = self._split_head(**forward)             # [n, vocab] on the model's device
+                if n == 1:   # no mask to build: one query sees every cached position
+                    token = torch.from_numpy(tree.tokens).to(self._device, torch.long)[None]
+                    logits = self._one_token(token, self._n_past)
                 else:
-                    logits = _logits(self._model(**forward))[0]
+                    forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
+                                   use_cache=True, **{self._verify_cache: self._cache})
+                    if self._split_head is not None:
+                        logits = self._split_head(**forward)         # [n, vocab] on the model's device
+                    else:
+                        logits = _logits(self._model(**forward))[0]
                 result = self._to_host(logits, n_logits)
         except BaseException:
             kv_cache.truncate(self._cache, self._n_past)  # a failed forward may have grown some layers

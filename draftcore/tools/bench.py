@@ -250,9 +250,7 @@ def summarize(records: list[dict], baseline: str) -> list[dict]:
         by_key.setdefault((r["dataset"], r["method"]), []).append(r)
     base = {(r["dataset"], r["idx"]): r for r in records if r["method"] == baseline}
     for (dataset, method), rs in by_key.items():
-        ratios = [base[(dataset, r["idx"])]["seconds"] / r["seconds"] * r["new_tokens"]
-                  / max(base[(dataset, r["idx"])]["new_tokens"], 1)
-                  for r in rs if (dataset, r["idx"]) in base and r["seconds"] > 0]
+        ratios = per_prompt_speedups(rs, base)
         total_tokens = sum(r["new_tokens"] for r in rs)
         rows.append({
             "dataset": dataset, "method": method, "prompts": len(rs),
@@ -265,6 +263,14 @@ def summarize(records: list[dict], baseline: str) -> list[dict]:
                           else sum(r["identical"] for r in rs)),
         })
     return rows
+
+
+def per_prompt_speedups(records: list[dict], base: dict) -> list[float]:
+    """Each record's tokens per second over its baseline's on the same prompt; `base` maps
+    (dataset, idx) to the baseline's record (prompts without one, or of zero time, are left out)."""
+    return [base[(r["dataset"], r["idx"])]["seconds"] / r["seconds"] * r["new_tokens"]
+            / max(base[(r["dataset"], r["idx"])]["new_tokens"], 1)
+            for r in records if (r["dataset"], r["idx"]) in base and r["seconds"] > 0]
 
 
 SUMMARY_HEADER = ["dataset", "method", "prompts", "tok/s (median)", "speedup vs plain (median)",
