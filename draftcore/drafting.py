@@ -6,7 +6,7 @@
 
 `request` is what `drafter.start(prompt)` returned (or the drafter itself). The optional members of
 the protocols (`DraftRequest.observe`, `lookahead_optional`, `returns_valid_trees`; a policy's
-`wants_lookahead` and `keep_lookahead`) are read once here, so the loop calls plain methods that do
+`at_context`, `wants_lookahead` and `keep_lookahead`) are read once here, so the loop calls plain methods that do
 nothing where a drafter or policy has nothing to say.
 """
 from __future__ import annotations
@@ -35,6 +35,8 @@ class StepDrafting:
         self._wants_lookahead = wants if callable(wants) else _always
         keeps = getattr(policy, "keep_lookahead", None)
         self._keeps_lookahead = keeps if callable(keeps) else _always
+        at_context = getattr(policy, "at_context", None)
+        self._at_context = at_context if callable(at_context) else _ignore
 
     def draft(self, context: np.ndarray, n_past: int, tokens_wanted: int) -> tuple[DraftTree, DraftTree]:
         """(the tree to verify this step, the drafter's whole proposal), for `context` (int32, ending
@@ -43,6 +45,7 @@ class StepDrafting:
         root = int(context[-1])
         cells = min(limits.max_context - n_past, limits.max_tree_nodes)   # nodes one verify may hold
         room = min(tokens_wanted - 1, cells - 1)                          # candidates worth drafting
+        self._at_context(n_past)
         size = min(policy.request_size(), room)
         if size <= 0:
             tree = DraftTree.root_only(root)

@@ -151,6 +151,9 @@ class BudgetPolicy(Protocol):
     without its window, if the window is dropped), then `observe`.
 
     Optional members, read once per request by the loop (draftcore.drafting, draftcore.outcomes):
+        at_context(n_past)      called before request_size: the step verifies after n_past cached
+                                tokens (a verify's cost grows with them; `CostAwareBudget` keeps
+                                its cost tables by context length)
         keep_lookahead(tree, k) -> bool  whether the tree's lookahead window rides along with its
                                 first k candidates (default: always, as FixedBudget does); a window
                                 is verified whole or not at all, and priced with the candidates

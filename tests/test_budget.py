@@ -266,7 +266,7 @@ def test_drafting_pauses_where_it_does_not_pay_and_resumes_where_it_does():
     busy = drive_with_pauses(policy, 3000, n_accepted=3)
     assert policy.drafting_pays
     assert sum(busy[-500:]) >= 0.95 * 500, sum(busy[-500:])
-    rates = policy.tokens_per_second()
+    rates = policy.arm_rates()
     assert rates[0] > rates[1], rates
 
 

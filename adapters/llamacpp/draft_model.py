@@ -211,6 +211,9 @@ class DraftcoreDraftModel(LlamaDraftModel):
         return chain.tokens[1:].astype(np.intc)
 
     def _propose(self, context: np.ndarray) -> DraftTree:
+        at_context = getattr(self.budget, "at_context", None)   # optional (BudgetPolicy)
+        if callable(at_context):
+            at_context(context.shape[0] - 1)   # the cache holds all but the root
         size = min(self.budget.request_size(), self.max_draft_tokens)
         root = int(context[-1])
         if size <= 0:

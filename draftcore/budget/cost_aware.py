@@ -7,6 +7,7 @@ over the menu sizes, "no draft" (k = 0) included. Each factor is learnt by its o
 budget runs:
 
     costs.py        CostTable      seconds per menu size and window size; guesses for sizes never measured
+    contexts.py     ContextCosts   one CostTable per bucket of context length, each leaning on the nearest
     explore.py      Explorer       now and then a neighbouring size instead of the best
     calibration.py  Calibration    acceptance per (score bin, rank bucket), from every proposed candidate
     corrections.py  Correction     bias and gamble: what the expectation is worth on what it picks
@@ -27,7 +28,7 @@ from ..tree import DraftTree
 from ..validate import positive_float, positive_int, tree_size
 from .calibration import Calibration
 from .corrections import Correction
-from .costs import CostTable
+from .contexts import ContextCosts
 from .explore import HOPELESS, Explorer
 from .idle import IdleSkipping
 from .lookahead import LookaheadProbe, window_pays
@@ -81,7 +82,7 @@ class CostAwareBudget:
         self.idle_skip = positive_int("idle_skip", idle_skip, minimum=0)
         self.idle_cost = positive_float("idle_cost", idle_cost, minimum=0.0, inclusive=True)
         self._step = 0   # steps observed
-        self._costs = CostTable(self.max_nodes + 1, self.smoothing, self.optimism)
+        self._contexts = ContextCosts(self.max_nodes + 1, self.smoothing, self.optimism)
         self.sizes = self._costs.sizes   # candidate-tree sizes (nodes, root included)
         self._explore = Explorer(self.explore_every, self.explore_backoff)
         self._calibration = Calibration(self.max_nodes, self.memory)
@@ -94,7 +95,17 @@ class CostAwareBudget:
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
         self._lookahead = LookaheadProbe()
 
+    @property
+    def _costs(self):
+        """The cost table of the context the current step runs at."""
+        return self._contexts.current
+
     # -- the policy ---------------------------------------------------------------------------
+    def at_context(self, n_past: int) -> None:
+        """The next step verifies after `n_past` cached tokens: its costs are those of that
+        context's bucket (draftcore.budget.contexts)."""
+        self._contexts.at(n_past)
+
     def request_size(self) -> int:
         self._skipping.asked = False
         drafting = self._trials.start_step(self._step)
@@ -136,7 +147,10 @@ class CostAwareBudget:
         self._step += 1
         if tree.n_candidates == 1 and not tree.n_lookahead:
             self._skipping.learn_root_seconds(seconds)
-        if not self._trials.end_step(self._step, path.shape[0], seconds):
+        # The arms compare tokens per root-only step at the step's own context, not per second: a
+        # request's steps grow dearer as its context grows, and a pause trial late in a long
+        # request must not lose to drafting steps measured early in it, or win against them.
+        if not self._trials.end_step(self._step, path.shape[0], seconds / self._contexts.unit()):
             return   # a paused step: nothing drafted, so no cost of a drafting step and no acceptance
         accepted = path.shape[0] - 1.0
         if tree.n_draft and self._sees_outcomes:
@@ -180,9 +194,15 @@ class CostAwareBudget:
         only in trials)."""
         return self._trials.drafting_pays()
 
-    def tokens_per_second(self) -> tuple[float, float]:
-        """Recent tokens per second of the (draft, pause) arms; NaN for an arm never run."""
-        return self._trials.tokens_per_second()
+    def arm_rates(self) -> tuple[float, float]:
+        """Recent tokens per root-only step's time of the (draft, pause) arms, each step's time
+        counted in root-only steps at its own context; NaN for an arm never run."""
+        return self._trials.rates()
+
+    def costs_by_context(self) -> dict[str, list[float]]:
+        """Measured seconds per menu size (`sizes`; NaN: never measured), without windows, per
+        context bucket ("0-255", "256-511", ...; for reports)."""
+        return self._contexts.by_bucket()
 
     def asking_costs(self) -> bool:
         """Whether a root-only step that asked the drafter took over `idle_cost` more than one that

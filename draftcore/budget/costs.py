@@ -7,8 +7,10 @@ per lookahead-window size, and a guess for each size never measured.
     costs.cost(n_nodes, n_lookahead)                  # the same, interpolated between menu sizes
 
 Each size is measured on its own because the cost is not monotonic in the size (a 3-token forward
-can cost more than a 4-token one: the matrix kernels change with the shape). The measurements behind
-each rule are in docs/budget.md.
+can cost more than a 4-token one: the matrix kernels change with the shape). A table may lean on a
+`prior` (the table of the nearest context length, draftcore.budget.contexts): its sizes never
+measured here are guessed from the prior's, scaled by what the root-only step costs in each. The
+measurements behind each rule are in docs/budget.md.
 """
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ class CostTable:
         self._entry = {int(size): i for i, size in enumerate(self.sizes)}   # learn's lookup, every step
         self.measured: dict[int, np.ndarray] = {}    # n_lookahead -> seconds by menu entry, NaN: never
         self._estimates: dict[int, np.ndarray] = {}  # what choose() reads every step, until learn() changes it
+        self.prior: CostTable | None = None          # guesses come from it where it measured more
+        self._own: dict[int, np.ndarray] = {}        # estimates without the prior: what a prior lends
 
     def table(self, n_lookahead: int) -> np.ndarray:
         """The measured seconds with `n_lookahead` lookahead nodes (created, all NaN, on first use)."""
@@ -74,6 +78,11 @@ class CostTable:
         # size then chosen instead keeps the root-only step from ever being re-measured.
         costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER)
         self._estimates.clear()
+        self._own.clear()
+
+    def forget_estimates(self) -> None:
+        """Recompute the guesses on the next read (the prior changed or learnt)."""
+        self._estimates.clear()
 
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
         """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
@@ -88,20 +97,48 @@ class CostTable:
             estimate = self._estimates[n_lookahead] = self._guess(n_lookahead)
         return estimate
 
-    def _guess(self, n_lookahead: int) -> np.ndarray:
-        """The table with every unmeasured size guessed: optimistically, from the step with the fewest
-        nodes measured so far (with any window) growing by `optimism` per node, so bigger trees get
-        tried, measured and then kept or dropped; but, where two smaller sizes are measured, never
-        below the largest of them plus half the cost growth per node measured up to it."""
+    def own_estimates(self, n_lookahead: int) -> np.ndarray:
+        """`estimated` without the prior: what this table lends a table that leans on it (priors
+        may lean on each other; lending only its own keeps that from recursing)."""
+        estimate = self._own.get(n_lookahead)
+        if estimate is None:
+            estimate = self._own[n_lookahead] = self._guess(n_lookahead, with_prior=False)
+        return estimate
+
+    def _guess(self, n_lookahead: int, with_prior: bool = True) -> np.ndarray:
+        """The table with every unmeasured size guessed: from the prior where it has one (see
+        `_from_prior`), else optimistically, from the step with the fewest nodes measured so far
+        (with any window) growing by `optimism` per node, so bigger trees get tried, measured and
+        then kept or dropped; but never below the cost growth measured around it (`_growth_floor`)."""
         known = self.table(n_lookahead).copy()
         missing = np.isnan(known)
-        total = self.sizes + n_lookahead - 1.0   # nodes beyond a root-only tree
-        growth = 1.0 + self.optimism * total
         if not missing.any():
             return known
+        guess = self._from_prior(n_lookahead, known) if with_prior else None
+        if guess is None:
+            guess = self._optimistic(n_lookahead)
+        floor = self._growth_floor(known)
+        guess = np.where(np.isnan(floor), guess, np.fmax(guess, floor))
+        known[missing] = guess[missing]
+        return known
+
+    def _from_prior(self, n_lookahead: int, known: np.ndarray) -> np.ndarray | None:
+        """The prior's estimates, scaled by this table's root-only cost over the prior's where both
+        are measured (a verify grows with the context, and so does every size's cost); None
+        without a prior that measured more than the root."""
+        prior = self.prior
+        if prior is None or np.count_nonzero(~np.isnan(prior.table(n_lookahead))) < 2:
+            return None
+        theirs = prior.own_estimates(n_lookahead)
+        scale = known[0] / theirs[0] if not math.isnan(known[0]) and theirs[0] > 0 else 1.0
+        return theirs * scale
+
+    def _optimistic(self, n_lookahead: int) -> np.ndarray:
+        """Every size's cost growing by `optimism` per node from the measured step with the fewest
+        nodes (ties: the cheaper), over every window size (in each window's table, its first
+        measured size). Runs every step: no per-entry loop."""
+        total = self.sizes + n_lookahead - 1.0   # nodes beyond a root-only tree
         base = 1.0
-        # The measured step with the fewest nodes (ties: the cheaper), over every window size: in
-        # each window's table that is its first measured size. Runs every step: no per-entry loop.
         fewest = None
         for window, costs in self.measured.items():
             measured = np.flatnonzero(~np.isnan(costs))
@@ -112,20 +149,33 @@ class CostTable:
         if fewest is not None:
             extra, seconds = fewest
             base = seconds / (1.0 + self.optimism * extra)
-        guess = base * growth
-        # Where this table has measured two sizes below a missing one, the cost can be seen to grow:
-        # guess at least the largest measured smaller size plus half the slope measured so far.
-        # Without this floor a CPU, where each node adds to a verify, had every large size guessed
-        # far too cheap and tried once each, at several times its guess.
-        measured = np.flatnonzero(~missing)
-        if measured.size >= 2:
-            below = np.searchsorted(measured, np.arange(len(known))) - 1   # per entry: last measured below
-            j = measured[np.maximum(below, 0)]
-            first = measured[0]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                slope = np.maximum((known[j] - known[first]) / (self.sizes[j] - self.sizes[first]), 0.0)
-            floor = known[j] + 0.5 * slope * (self.sizes - self.sizes[j])
-            has_floor = missing & (below >= 1)
-            guess[has_floor] = np.maximum(guess[has_floor], floor[has_floor])
-        known[missing] = guess[missing]
-        return known
+        return base * (1.0 + self.optimism * total)
+
+    def _growth_floor(self, known: np.ndarray) -> np.ndarray:
+        """Per menu entry, the least cost the measurements allow a guess (NaN: no floor). Between
+        two measured sizes: the smaller one's cost plus half the slope between them. Above the
+        largest measured size, where at least two are: its cost plus half the slope measured up to
+        it from the smallest. Without a floor a CPU, where each node adds to a verify, had every
+        large size guessed far too cheap and tried once each, at several times its guess; and with
+        only a floor above, one big tree measured left every size between it and the root guessed
+        at the optimistic rate, and each was tried in turn (llama.cpp: 15, then 11, then 7 nodes
+        on a 100-token request)."""
+        measured = np.flatnonzero(~np.isnan(known))
+        floor = np.full(len(known), np.nan)
+        if measured.size < 2:
+            return floor
+        entries = np.arange(len(known))
+        below = np.searchsorted(measured, entries, side="right") - 1   # last measured at or below
+        has_below = below >= 0
+        j = measured[np.maximum(below, 0)]
+        above = np.minimum(below + 1, measured.size - 1)
+        k = measured[above]
+        first = measured[0]
+        between = has_below & (below + 1 < measured.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            local = (known[k] - known[j]) / (self.sizes[k] - self.sizes[j])
+            overall = (known[j] - known[first]) / (self.sizes[j] - self.sizes[first])
+        slope = np.maximum(np.where(between, local, overall), 0.0)
+        value = known[j] + 0.5 * slope * (self.sizes - self.sizes[j])
+        floor[has_below] = value[has_below]
+        return floor

@@ -10,7 +10,7 @@ finds drafting paying again.
 
     trials = PauseTrials(every=64, steps=16, backoff=2)
     drafting = trials.start_step(step)                  # before the step: which arm runs it
-    drafted = trials.end_step(step, tokens, seconds)    # after it: that arm's tokens and seconds
+    drafted = trials.end_step(step, tokens, time)       # after it: that arm's tokens and time (any unit)
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class PauseTrials:
         self.every, self.steps, self.backoff = every, steps, backoff
         self.arm = DRAFT                       # the arm of the step under way
         self.winner = DRAFT
-        self.tokens = np.zeros(2)              # faded sums per arm: tokens emitted, seconds
-        self.seconds = np.zeros(2)
+        self.tokens = np.zeros(2)              # faded sums per arm: tokens emitted, time
+        self.time = np.zeros(2)
         self.steps_run = np.zeros(2, np.int64)
         self.trial_left = 0                    # steps left in the running trial of the other arm
         self.pause_won_last = False            # whether pausing won the last trial
@@ -52,29 +52,29 @@ class PauseTrials:
         self.arm = 1 - self.winner if self.trial_left else self.winner
         return self.arm == DRAFT
 
-    def end_step(self, step: int, tokens: int, seconds: float) -> bool:
-        """Step `step` emitted `tokens` in `seconds`; returns whether it drafted. A step that
+    def end_step(self, step: int, tokens: int, time: float) -> bool:
+        """Step `step` emitted `tokens` in `time`; returns whether it drafted. A step that
         `start_step` did not begin drafts."""
         arm, self.arm = self.arm, DRAFT
-        self._learn(arm, step, tokens, seconds)
+        self._learn(arm, step, tokens, time)
         return arm == DRAFT
 
     def drafting_pays(self) -> bool:
         return self.winner == DRAFT
 
-    def tokens_per_second(self) -> tuple[float, float]:
-        """Recent tokens per second of the (draft, pause) arms; NaN for an arm never run."""
+    def rates(self) -> tuple[float, float]:
+        """Recent tokens per unit of time of the (draft, pause) arms; NaN for an arm never run."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            rate = self.tokens / self.seconds
+            rate = self.tokens / self.time
         return float(rate[0]) if self.steps_run[0] else float("nan"), \
             float(rate[1]) if self.steps_run[1] else float("nan")
 
-    def _learn(self, arm: int, step: int, tokens: int, seconds: float) -> None:
+    def _learn(self, arm: int, step: int, tokens: int, time: float) -> None:
         if step <= self.every // 2:
             return   # the first steps measure sizes and acceptance, not what drafting is worth
         keep = 1.0 - 1.0 / ARM_MEMORY
         self.tokens[arm] = keep * self.tokens[arm] + tokens
-        self.seconds[arm] = keep * self.seconds[arm] + seconds
+        self.time[arm] = keep * self.time[arm] + time
         self.steps_run[arm] += 1
         if not self.trial_left:
             return
@@ -82,8 +82,8 @@ class PauseTrials:
         if self.trial_left:
             return
         # A trial ended: pausing wins by a margin, and takes over only after winning two trials running.
-        draft_rate = self.tokens[0] / self.seconds[0] if self.seconds[0] > 0 else 0.0
-        pause_rate = self.tokens[1] / self.seconds[1] if self.steps_run[1] else 0.0
+        draft_rate = self.tokens[0] / self.time[0] if self.time[0] > 0 else 0.0
+        pause_rate = self.tokens[1] / self.time[1] if self.steps_run[1] else 0.0
         pause_wins = pause_rate > (1.0 + PAUSE_MARGIN) * draft_rate
         winner = PAUSE if pause_wins and (self.winner == PAUSE or self.pause_won_last) else DRAFT
         self.pause_won_last = pause_wins

@@ -1,0 +1,82 @@
+"""Step costs by context length: one cost table per bucket of cached tokens.
+
+A verify's cost grows with the context it attends to, and more for a big tree than for the root
+alone (every node attends to the whole context). A table learnt at 100 tokens prices trees too
+cheaply at 3,000, and one learnt at 3,000 too dearly back at 100. So the budget keeps one
+`CostTable` per bucket of context length (powers of two; everything under 256 tokens in one), and
+a bucket entered for the first time starts from the nearest bucket that has measured more than its
+root, scaled by the ratio of the two root-only costs once its own root is measured: no bucket
+re-learns from scratch what the others already know.
+
+    contexts = ContextCosts(largest=65, smoothing=0.2, optimism=0.05)
+    contexts.at(n_past)              # before a step: the bucket of its context
+    contexts.current                 # that bucket's CostTable
+    contexts.unit()                  # what a root-only step costs at this context: the unit the
+                                     # pause arms compare in, so both stay comparable as it grows
+"""
+from __future__ import annotations
+
+import math
+
+from .costs import CostTable
+
+SMALLEST_BUCKET = 8     # bit length: contexts under 256 tokens share one table (costs barely differ there)
+
+
+def bucket_of(n_past: int) -> int:
+    """The bucket of a context of `n_past` cached tokens: its bit length, at least SMALLEST_BUCKET."""
+    return max(int(n_past).bit_length(), SMALLEST_BUCKET)
+
+
+def bucket_name(bucket: int) -> str:
+    """"0-255", "256-511", ...: the context lengths a bucket holds."""
+    low = 0 if bucket == SMALLEST_BUCKET else 1 << (bucket - 1)
+    return f"{low}-{(1 << bucket) - 1}"
+
+
+class ContextCosts:
+    """The cost table of the context bucket each step runs in, each bucket's own, with a prior from
+    the nearest bucket that measured more than its root."""
+
+    def __init__(self, largest: int, smoothing: float, optimism: float):
+        self._shape = (largest, smoothing, optimism)
+        self.tables: dict[int, CostTable] = {}
+        self.bucket = SMALLEST_BUCKET
+        self.current = self._table(SMALLEST_BUCKET)
+
+    def at(self, n_past: int) -> None:
+        """The next steps run with `n_past` cached tokens."""
+        bucket = bucket_of(n_past)
+        if bucket != self.bucket:
+            self.bucket = bucket
+            self.current = self._table(bucket)
+            self.current.prior = self._nearest_measured(bucket)
+            self.current.forget_estimates()
+
+    def unit(self) -> float:
+        """Seconds of a root-only step at the current context, as the current table estimates it
+        (measured, else from its prior). Only drafting steps teach it (draftcore.budget.pausing:
+        paused steps teach no cost): learnt from both arms, it would move with the arm that runs,
+        by the few percent the arms are compared on."""
+        return float(self.current.estimated(0)[0])
+
+    def by_bucket(self) -> dict[str, list[float]]:
+        """Measured seconds per menu size (NaN: never), without windows, per bucket (for reports)."""
+        return {bucket_name(b): [float(x) for x in t.table(0)] for b, t in sorted(self.tables.items())}
+
+    def _table(self, bucket: int) -> CostTable:
+        table = self.tables.get(bucket)
+        if table is None:
+            table = self.tables[bucket] = CostTable(*self._shape)
+        return table
+
+    def _nearest_measured(self, bucket: int) -> CostTable | None:
+        """The table of the bucket nearest `bucket` (ties: the shorter context) that measured more
+        than its root-only step without a window; None if no other bucket did."""
+        best = None
+        for other, table in self.tables.items():
+            if other != bucket and sum(1 for x in table.table(0) if not math.isnan(x)) >= 2:
+                key = (abs(other - bucket), other)
+                if best is None or key < best[0]:
+                    best = (key, table)
+        return None if best is None else best[1]
