@@ -182,7 +182,7 @@ class CostAwareBudget:
         """(menu sizes up to n_draft + 1 nodes, expected tokens per second of each, the expectation
         scaled by `correction`), the tree's window priced in."""
         expected = self._calibration.expected_accepted(tree, n_draft + 1)
-        n_menu = int(np.searchsorted(self.sizes, n_draft + 1, side="right"))
+        n_menu = min(int(np.searchsorted(self.sizes, n_draft + 1, side="right")), self._costs.reachable())
         sizes = self.sizes[:n_menu]
         value = (1.0 + correction * expected[sizes - 1]) / self._costs.estimated(tree.n_lookahead)[:n_menu]
         return sizes, value

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 OUTLIER = 2.0   # a step's seconds count as at most this times its size's estimate
+FIRST_REACH = 8  # nodes a tree may have before any bigger than the root was measured
 
 
 def menu(largest: int) -> np.ndarray:
@@ -54,6 +55,7 @@ class CostTable:
         self._estimates: dict[int, np.ndarray] = {}  # what choose() reads every step, until learn() changes it
         self.prior: CostTable | None = None          # guesses come from it where it measured more
         self._own: dict[int, np.ndarray] = {}        # estimates without the prior: what a prior lends
+        self.largest_measured = 1                     # nodes (root included) of the largest tree measured
 
     def table(self, n_lookahead: int) -> np.ndarray:
         """The measured seconds with `n_lookahead` lookahead nodes (created, all NaN, on first use)."""
@@ -77,12 +79,22 @@ class CostTable:
         # the estimate: taken whole, it can make the root-only step look dearer than a draft, and the
         # size then chosen instead keeps the root-only step from ever being re-measured.
         costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER)
+        self.largest_measured = max(self.largest_measured, n_candidates)
         self._estimates.clear()
         self._own.clear()
 
     def forget_estimates(self) -> None:
         """Recompute the guesses on the next read (the prior changed or learnt)."""
         self._estimates.clear()
+
+    def reachable(self) -> int:
+        """How many menu entries a step may verify: sizes up to twice the largest measured here or
+        in the prior, with any window, and at least FIRST_REACH nodes. A tree bigger than any
+        measured is a gamble on a guessed cost and, early on, on the calibration's prior: on a CPU
+        one 32-node tree, tried first, cost llama.cpp 16 root-only steps, a quarter of a 64-token
+        request. Growing by doubling, a GPU still reaches 64 nodes within four drafting steps."""
+        largest = max(self.largest_measured, self.prior.largest_measured if self.prior is not None else 1)
+        return int(np.searchsorted(self.sizes, max(2 * largest, FIRST_REACH), side="right"))
 
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
         """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
@@ -107,18 +119,18 @@ class CostTable:
 
     def _guess(self, n_lookahead: int, with_prior: bool = True) -> np.ndarray:
         """The table with every unmeasured size guessed: from the prior where it has one (see
-        `_from_prior`), else optimistically, from the step with the fewest nodes measured so far
-        (with any window) growing by `optimism` per node, so bigger trees get tried, measured and
-        then kept or dropped; but never below the cost growth measured around it (`_growth_floor`)."""
+        `_from_prior`: it measured sizes this table has not); else from the cost growth measured
+        around the size (`_measured_growth`); else optimistically, from the step with the fewest
+        nodes measured so far (with any window) growing by `optimism` per node, so bigger trees get
+        tried, measured and then kept or dropped."""
         known = self.table(n_lookahead).copy()
         missing = np.isnan(known)
         if not missing.any():
             return known
         guess = self._from_prior(n_lookahead, known) if with_prior else None
         if guess is None:
-            guess = self._optimistic(n_lookahead)
-        floor = self._growth_floor(known)
-        guess = np.where(np.isnan(floor), guess, np.fmax(guess, floor))
+            measured_growth = self._measured_growth(known)
+            guess = np.where(np.isnan(measured_growth), self._optimistic(n_lookahead), measured_growth)
         known[missing] = guess[missing]
         return known
 
@@ -151,19 +163,20 @@ class CostTable:
             base = seconds / (1.0 + self.optimism * extra)
         return base * (1.0 + self.optimism * total)
 
-    def _growth_floor(self, known: np.ndarray) -> np.ndarray:
-        """Per menu entry, the least cost the measurements allow a guess (NaN: no floor). Between
-        two measured sizes: the smaller one's cost plus half the slope between them. Above the
-        largest measured size, where at least two are: its cost plus half the slope measured up to
-        it from the smallest. Without a floor a CPU, where each node adds to a verify, had every
-        large size guessed far too cheap and tried once each, at several times its guess; and with
-        only a floor above, one big tree measured left every size between it and the root guessed
-        at the optimistic rate, and each was tried in turn (llama.cpp: 15, then 11, then 7 nodes
-        on a 100-token request)."""
+    def _measured_growth(self, known: np.ndarray) -> np.ndarray:
+        """Per menu entry, a guess from the cost growth measured around it (NaN: none measured).
+        Between two measured sizes: the smaller one's cost plus half the slope between them. Above
+        the largest measured size, where at least two are: its cost plus half the slope measured up
+        to it from the smallest. Half, so the guess stays optimistic and the size gets tried where
+        it might pay. Guessed at a flat `optimism` per node instead, a CPU, where each node adds to
+        a verify, had every large size guessed far too cheap and tried once each, at several times
+        its guess, and one big tree measured left each size between it and the root to be tried in
+        turn (llama.cpp: 15, then 11, then 7 nodes on a 100-token request); a GPU, where a node adds
+        almost nothing, had them guessed too dear and stopped growing its trees."""
         measured = np.flatnonzero(~np.isnan(known))
-        floor = np.full(len(known), np.nan)
+        guess = np.full(len(known), np.nan)
         if measured.size < 2:
-            return floor
+            return guess
         entries = np.arange(len(known))
         below = np.searchsorted(measured, entries, side="right") - 1   # last measured at or below
         has_below = below >= 0
@@ -177,5 +190,5 @@ class CostTable:
             overall = (known[j] - known[first]) / (self.sizes[j] - self.sizes[first])
         slope = np.maximum(np.where(between, local, overall), 0.0)
         value = known[j] + 0.5 * slope * (self.sizes - self.sizes[j])
-        floor[has_below] = value[has_below]
-        return floor
+        guess[has_below] = value[has_below]
+        return guess
