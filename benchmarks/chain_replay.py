@@ -3,6 +3,11 @@ drafts) against vLLM's n-gram rule, as a chain verifier (vLLM) would accept them
 
     .venv/bin/python benchmarks/chain_replay.py [--k 8] [--token-cost 0.035]
 
+Run in .venv-vllm after benchmarks/build_arctic_suffix.sh, it also replays vLLM's `suffix` method:
+arctic-inference's SuffixDecodingCache called as vLLM's SuffixDecodingProposer calls it, with vLLM's
+defaults (tree depth 24, max_spec_factor 1.0, min_token_prob 0.1), each dataset's outputs cached
+across its requests.
+
 Each dataset's 40 traces are decoded one after another through one drafter (kept across them, as a
 server keeps its proposer): each step the drafter proposes a chain of at most k tokens, the longest
 prefix that equals the recorded output is accepted, plus the model's next token. Reported: tokens per
@@ -13,6 +18,7 @@ one thread: a step with 8 rejected draft tokens costs 1.28x a plain step).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import numpy as np
 from _common import TRACES, write_json
@@ -71,6 +77,32 @@ def row_proposer(k, token_cost, **options):
     return propose
 
 
+def suffix_proposer(k, depth=24, factor=1.0, min_prob=0.1):
+    """vLLM's suffix method (v1/spec_decode/suffix_decoding.py) on one request at a time: the prompt
+    starts a request, each step's new tokens are added, the last `depth` tokens are the pattern."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=10000)
+    state = {"request": 0, "seen": 0, "prompt": 0}
+
+    def propose(context):
+        if context is None:
+            cache.stop_request(state["request"])
+            state["request"] += 1
+            state["seen"] = 0
+            return None
+        if state["seen"] == 0:
+            # the prompt is everything but the first generated token (prefill's)
+            state["prompt"] = context.shape[0] - 1
+            cache.start_request(state["request"], context[:state["prompt"]])
+            state["seen"] = state["prompt"]
+        cache.add_active_response(state["request"], context[state["seen"]:].tolist())
+        state["seen"] = context.shape[0]
+        draft = cache.speculate(state["request"], context[-depth:], max_spec_tokens=k, max_spec_factor=factor,
+                                min_token_prob=min_prob)
+        return np.asarray(draft.token_ids, np.int32)
+    return propose
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--k", type=int, default=8)
@@ -90,6 +122,8 @@ def main(argv=None):
                "RowDrafter, explore 0.25": lambda: row_proposer(k, c, explore=0.25),
                "RowDrafter, explore 1": lambda: row_proposer(k, c, explore=1.0),
                "RowDrafter, tree_nodes 64": lambda: row_proposer(k, c, tree_nodes=64)}
+    if importlib.util.find_spec("arctic_inference") is not None:
+        methods = {"vLLM suffix (arctic-inference)": lambda: suffix_proposer(k), **methods}
     rows, records = [], []
     for dataset, group in by_set.items():
         for name, make in methods.items():
@@ -100,7 +134,8 @@ def main(argv=None):
                             "modelled_speedup": tokens / cost})
     header = ["set", "method", "tokens/step", "drafted/step", f"modelled speedup (token_cost {c})"]
     shown = show_table("", header, rows)
-    report = make_report(f"Chain drafting replayed: RowDrafter vs vLLM's n-gram rule, k={k}", [shown],
+    peers = "vLLM's suffix method and n-gram rule" if "vLLM suffix (arctic-inference)" in methods else "vLLM's n-gram rule"
+    report = make_report(f"Chain drafting replayed: RowDrafter vs {peers}, k={k}", [shown],
                          settings={"k": k, "token_cost": c})
     print("wrote", write_json("chain_replay.json", report, records=records))
 

@@ -2,8 +2,8 @@
 
     .venv-vllm/bin/python benchmarks/vllm_proposer.py --n 20 --max-new-tokens 128 --batch 1,8 --out bench_out/vllm
 
-SmolLM2-135M-Instruct fp32, HumanEval (raw code) and MT-Bench first turns (chat template), tokenised
-as `draftcore bench` does; greedy; the same token ids for every method. One engine at a time (idle
+SmolLM2-135M-Instruct fp32, HumanEval (raw code) and MT-Bench first turns (chat template) by default,
+or any of draftcore's datasets (`--datasets edit,agent,extract`), tokenised as `draftcore bench` does; greedy; the same token ids for every method. One engine at a time (idle
 vLLM engines poll, which would load a 2-core machine), methods in sequence with plain decoding both
 first and last, so a drift of the machine during the run shows as two different plain rates.
 
@@ -12,7 +12,8 @@ first and last, so a drift of the machine during the run shows as two different 
     batch N   each dataset's prompts submitted at once (max_num_seqs=N): output tok/s of the whole batch
 
 Methods: none (plain), ngram (vLLM's n-gram proposer, prompt_lookup 2..5, k tokens), suffix (vLLM's
-suffix decoding; needs arctic-inference, skipped when missing), draftcore (DraftcoreProposer, k
+suffix decoding; needs arctic-inference, skipped when missing: benchmarks/build_arctic_suffix.sh
+builds the part it uses), draftcore (DraftcoreProposer, k
 tokens at most). Reported per method: tok/s, speedup, vLLM's mean acceptance length (1 + accepted /
 drafts), accepted / drafted tokens, outputs identical to plain, and draftcore's proposer time per
 step and its share of the run's time.
@@ -29,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 
-def load(n: int):
+def load(n: int, datasets):
     from draftcore.tools.backends.prompts import load_prompts, load_tokenizer
     tokenizer = load_tokenizer()
-    return {d: [p.ids.tolist() for p in load_prompts(tokenizer, d, n + 1)] for d in ("humaneval", "mtbench")}, \
+    return {d: [p.ids.tolist() for p in load_prompts(tokenizer, d, n + 1)] for d in datasets}, \
         tokenizer.eos_token_id
 
 
@@ -110,12 +111,14 @@ def main(argv=None):
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--methods", default="none,ngram,suffix,draftcore")
+    parser.add_argument("--datasets", default="humaneval,mtbench",
+                        help="any of draftcore's datasets: humaneval, mtbench, pydoc, edit, agent, extract")
     parser.add_argument("--out", default="bench_out/vllm")
     args = parser.parse_args(argv)
     from draftcore.tools.backends.default_model import default_hf_folder
     from draftcore.tools.report import make_report, markdown_table
     model = default_hf_folder()
-    prompts, eos = load(args.n)
+    prompts, eos = load(args.n, args.datasets.split(","))
     methods = [m for m in args.methods.split(",") if m != "suffix" or importlib.util.find_spec("arctic_inference")]
     if "suffix" in args.methods.split(",") and "suffix" not in methods:
         print("suffix: skipped, arctic-inference is not installed", file=sys.stderr)
