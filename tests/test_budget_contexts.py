@@ -141,15 +141,16 @@ def test_the_loop_tells_the_budget_each_steps_context():
 
 def test_trees_grow_by_doubling_from_the_largest_measured():
     # Every candidate accepted and every size nearly free (a GPU): the budget still verifies no tree
-    # more than twice the largest it has measured (8 nodes before any), so the sizes grow
-    # 8 -> 16 -> 32 -> 64 nodes, and a gamble on a guessed cost stays small where it is not free.
+    # more than twice the largest it has measured (4 nodes before any), so the sizes grow
+    # 4 -> 8 -> 16 -> 32 -> 64 nodes, and a gamble on a guessed cost stays small where it is not
+    # free.
     policy = CostAwareBudget(trial_steps=0, explore_every=10**6)
     grown, largest = [], 1
     for _ in range(40):
         tree = DraftTree.chain(7, np.arange(64) + 10)
         tree.scores = np.ones(65, np.float32)
         k = policy.choose(tree)
-        assert k + 1 <= max(2 * largest, 8), (k, largest)
+        assert k + 1 <= max(2 * largest, 4), (k, largest)
         largest = max(largest, k + 1)
         grown.append(k + 1)
         policy.observe(tree.with_candidates(k), np.arange(k + 1, dtype=np.int32), 1.0 + 0.001 * k)
