@@ -155,3 +155,18 @@ def test_trees_grow_by_doubling_from_the_largest_measured():
         grown.append(k + 1)
         policy.observe(tree.with_candidates(k), np.arange(k + 1, dtype=np.int32), 1.0 + 0.001 * k)
     assert max(grown) == 65 and grown.index(65) <= 6, grown
+
+
+@pytest.mark.parametrize("n_past", [-1, 2.5, "100", None, True])
+def test_a_bad_context_length_is_refused_by_name_and_changes_nothing(n_past):
+    from draftcore.errors import DraftcoreError
+
+    policy = CostAwareBudget(trial_steps=0)
+    drive_at(policy, 100, 20, n_accepted=2)
+    before = policy.costs_by_context()
+    with pytest.raises(DraftcoreError, match="n_past") as error:
+        policy.at_context(n_past)
+    assert repr(n_past) in str(error.value)
+    after = policy.costs_by_context()
+    assert after.keys() == before.keys() and policy._contexts.bucket == bucket_of(100)
+    assert all(np.array_equal(after[b], before[b], equal_nan=True) for b in before)

@@ -16,8 +16,6 @@ re-learns from scratch what the others already know.
 """
 from __future__ import annotations
 
-import math
-
 from .costs import CostTable
 
 SMALLEST_BUCKET = 8     # bit length: contexts under 256 tokens share one table (costs barely differ there)
@@ -75,7 +73,7 @@ class ContextCosts:
         than its root-only step without a window; None if no other bucket did."""
         best = None
         for other, table in self.tables.items():
-            if other != bucket and sum(1 for x in table.table(0) if not math.isnan(x)) >= 2:
+            if other != bucket and table.n_measured(0) >= 2:
                 key = (abs(other - bucket), other)
                 if best is None or key < best[0]:
                     best = (key, table)

@@ -104,6 +104,10 @@ class CostAwareBudget:
     def at_context(self, n_past: int) -> None:
         """The next step verifies after `n_past` cached tokens: its costs are those of that
         context's bucket (draftcore.budget.contexts)."""
+        # every step: a plain type test, not the validators (a bad count would file costs under a
+        # wrong context for the rest of the budget's life)
+        if not isinstance(n_past, (int, np.integer)) or isinstance(n_past, bool) or n_past < 0:
+            raise InputError(f"n_past: expected the number of cached tokens, an int >= 0, got {n_past!r}")
         self._contexts.at(n_past)
 
     def request_size(self) -> int:

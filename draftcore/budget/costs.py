@@ -64,6 +64,10 @@ class CostTable:
             costs = self.measured[n_lookahead] = np.full(len(self.sizes), np.nan)
         return costs
 
+    def n_measured(self, n_lookahead: int) -> int:
+        """How many menu sizes were measured with `n_lookahead` lookahead nodes."""
+        return int(np.count_nonzero(~np.isnan(self.table(n_lookahead))))
+
     def root_measured(self, n_lookahead: int) -> bool:
         """Whether a step without candidates (and with `n_lookahead` lookahead nodes) was measured."""
         return not np.isnan(self.table(n_lookahead)[0])
@@ -140,7 +144,7 @@ class CostTable:
         are measured (a verify grows with the context, and so does every size's cost); None
         without a prior that measured more than the root."""
         prior = self.prior
-        if prior is None or np.count_nonzero(~np.isnan(prior.table(n_lookahead))) < 2:
+        if prior is None or prior.n_measured(n_lookahead) < 2:
             return None
         theirs = prior.own_estimates(n_lookahead)
         scale = known[0] / theirs[0] if not math.isnan(known[0]) and theirs[0] > 0 else 1.0
