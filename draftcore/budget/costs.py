@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 OUTLIER = 2.0   # a step's seconds count as at most this times its size's estimate
-FIRST_REACH = 4  # nodes a tree may have before any bigger than the root was measured
+FIRST_REACH = 2  # nodes a tree may have before any bigger than the root was measured
 
 
 def menu(largest: int) -> np.ndarray:
@@ -96,8 +96,10 @@ class CostTable:
         in the prior, with any window, and at least FIRST_REACH nodes. A tree bigger than any
         measured is a gamble on a guessed cost and, early on, on the calibration's prior: on a CPU
         one 32-node tree, tried first, cost llama.cpp 16 root-only steps, a quarter of a 64-token
-        request. Growing by doubling from 4 nodes, a GPU still reaches 64 nodes within five drafting
-        steps (docs/budget.md: what a first request gains or loses by it)."""
+        request. The first drafted tree has 2 nodes: on llama.cpp CPU a second node costs a whole
+        root-only step, and 4 nodes, tried first, cost a new deployment's short requests 5 %.
+        Growing by doubling from 2 nodes, a GPU still reaches 64 nodes within six drafting steps
+        (docs/budget.md: what a first request gains or loses by it)."""
         largest = max(self.largest_measured, self.prior.largest_measured if self.prior is not None else 1)
         return int(np.searchsorted(self.sizes, max(2 * largest, FIRST_REACH), side="right"))
 
