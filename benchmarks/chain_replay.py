@@ -117,6 +117,8 @@ def main(argv=None):
 
     methods = {"vLLM ngram (2..5)": lambda: ngram,
                "RowDrafter (defaults)": lambda: row_proposer(k, c),
+               "RowDrafter, no match-length rule": lambda: row_proposer(k, c, match_cost=float("inf")),
+               "RowDrafter, match length x1 (suffix's)": lambda: row_proposer(k, c, match_cost=0.0),
                "RowDrafter, token_cost 0": lambda: row_proposer(k, 0.0),
                "RowDrafter, explore 0": lambda: row_proposer(k, c, explore=0.0),
                "RowDrafter, explore 0.25": lambda: row_proposer(k, c, explore=0.25),

@@ -475,9 +475,9 @@ class NaiveRowDrafter:
     BINS, RANKS = 20, 6
 
     def __init__(self, drafter, *, max_rows, max_len, max_draft, token_cost, tree_nodes, memory, explore=0.25,
-                 row_cost=0.16, by_row=False):
+                 row_cost=0.16, match_cost=0.07, by_row=False):
         self.drafter, self.max_rows, self.max_len, self.max_draft = drafter, max_rows, max_len, max_draft
-        self.explore, self.row_cost = explore, row_cost
+        self.explore, self.row_cost, self.match_cost = explore, row_cost, match_cost
         self.token_cost, self.tree_nodes, self.by_row = token_cost, tree_nodes, by_row
         self.keep = 1.0 - 1.0 / memory
         centres = [(b + 0.5) / self.BINS for b in range(self.BINS)]
@@ -529,8 +529,21 @@ class NaiveRowDrafter:
             limit = min(self.max_draft, self.max_len - 1 - len(row))
             if limit > 0:
                 tree = st["request"].propose(np.array(row, np.int32), self.tree_nodes)
+                if self.match_cost < math.inf and cost > 0.0:
+                    factor = max(1.0, self.match_cost / cost)
+                    limit = min(limit, math.ceil(factor * self._continued_match(row)))
                 chains[r] = self._cut(st, tree, limit, cost)
         return chains
+
+    def _continued_match(self, row) -> int:
+        """The longest suffix of `row` (at most max_match tokens) whose trie path has a child."""
+        from draftcore.drafters.trie_pool_kernels import CHILD, find_path
+        state, context = self.drafter.pool.state, np.array(row, np.int32)
+        for m in range(min(self.drafter.max_match, len(row)), 0, -1):
+            node = find_path(state, context, len(row) - m, len(row))
+            if node >= 0 and state.links[node, CHILD] >= 0:
+                return m
+        return 0
 
     def _learn(self, st, row):
         chain = st["chain"]

@@ -197,6 +197,24 @@ def test_bad_input_is_refused_naming_the_argument_and_changes_nothing():
     assert drafter.requests_tracked == 1 and drafter.steps == 1
 
 
+@pytest.mark.parametrize("match_cost, lengths", [(0.07, [1, 3]), (0.14, [2, 6]), (float("inf"), [6, 6])])
+def test_a_chain_is_as_long_as_its_match_allows(match_cost, lengths):
+    """The match-length rule: at a drafted token's cost c = 0.07, a chain is at most max(1, match_cost
+    / c) times the longest context suffix seen before with a continuation. Both rows continue the
+    same counted text (1 .. 9, seen once: every score is 1); the first ends in "9 1" (only "1" was
+    seen, followed by 2: a match of 1), the second in "1 2 3" (a match of 3)."""
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    got = []
+    for ending in ([9, 1], [1, 2, 3]):
+        drafter = RowDrafter(max_rows=1, max_len=64, max_draft=6, token_limit=VOCAB, token_cost=0.07,
+                             match_cost=match_cost)
+        row = np.array(text + ending, np.int32)
+        tokens, n = drafter.propose(row[None, :], [row.shape[0]])
+        assert tokens[0, :n[0]].tolist() == text[ending[-1]:ending[-1] + n[0]]   # the text's continuation
+        got.append(int(n[0]))
+    assert got == lengths
+
+
 def test_construction_options_are_checked():
     with pytest.raises(ConfigError, match="^tree_nodes:"):
         RowDrafter(max_rows=1, max_len=8, max_draft=4, token_limit=VOCAB, tree_nodes=2)
@@ -204,6 +222,9 @@ def test_construction_options_are_checked():
         RowDrafter(max_rows=1, max_len=8, max_draft=4, token_limit=VOCAB, token_cost=-1)
     with pytest.raises(ConfigError, match="^drafter:"):
         RowDrafter(max_rows=1, max_len=8, max_draft=4, token_limit=VOCAB, drafter="trie")
+    for bad in (-0.1, float("nan"), "0.07", None):
+        with pytest.raises(ConfigError, match="^match_cost:"):
+            RowDrafter(max_rows=1, max_len=8, max_draft=4, token_limit=VOCAB, match_cost=bad)
     with pytest.raises(ConfigError, match="^drafter:.*max_requests"):
         RowDrafter(max_rows=8, max_len=8, max_draft=4, token_limit=VOCAB,
                    drafter=TrieDrafter(capacity=256, token_limit=VOCAB, max_requests=4))

@@ -39,6 +39,13 @@ token_cost = d / (a + b), row_cost = b / a): drafting tuned for one row lost to 
 with 8 rows where the same drafts gained at batch 1 (docs/drafters.md). m = 0 (no draft) wins
 where a draft is unlikely to pay.
 
+Match-length rule (vLLM's suffix method's, made cost-aware): before the cut, a row's chain is
+limited to max(1, match_cost / c) times the longest suffix of its context (up to the trie's
+max_match) that occurred before with a continuation. A chain continuing a 1-token match is a guess
+however confident the trie's count ratios look; cells calibrated over chains of every match length
+priced the long matches' chains down and the short ones' up. Replayed, it drafts where the matches
+are long (docs/drafters.md).
+
     RowTable       the states, built by `new_table`; arrays changed in place
         tokens     int32[n_states, max_len]   each state's copy of its request's tokens
         n_stream   int64[n_states]            tokens held (its request's length at its last step)
@@ -54,7 +61,7 @@ where a draft is unlikely to pay.
     Calibration    offered, accepted float64[BINS, RANKS] (decayed towards prior_offered /
                    prior_accepted), probability float64[BINS, RANKS] (accepted / offered)
     RowSettings    max_draft, tree_nodes (size of the tree drafted per row), token_cost, row_cost, keep
-                   (1 - 1/memory: evidence kept per step), token_limit, explore
+                   (1 - 1/memory: evidence kept per step), token_limit, explore, match_cost
 """
 from collections import namedtuple
 
@@ -62,8 +69,8 @@ import numba as nb
 import numpy as np
 
 from .trie_count_kernels import CURSOR_FRONT, CURSOR_SEEN, CURSOR_SLOT, Stream, end_request, extend
-from .trie_pool_kernels import N_PRUNES, new_state, warm_up_settings
-from .trie_retrieval_kernels import new_buffers, step
+from .trie_pool_kernels import CHILD, N_PRUNES, new_state, warm_up_settings
+from .trie_retrieval_kernels import _match, new_buffers, step
 
 BINS = 20    # score bins of the calibration, as CostAwareBudget's
 RANKS = 6    # chain positions 1, 2-3, 4-7, 8-15, 16-31, 32+
@@ -71,7 +78,7 @@ RANKS = 6    # chain positions 1, 2-3, 4-7, 8-15, 16-31, 32+
 RowTable = namedtuple("RowTable",
                       "tokens n_stream n_counted n_prompt cursors in_use row_state chain chain_bin chain_len")
 Calibration = namedtuple("Calibration", "offered accepted prior_offered prior_accepted probability")
-RowSettings = namedtuple("RowSettings", "max_draft tree_nodes token_cost row_cost keep token_limit explore")
+RowSettings = namedtuple("RowSettings", "max_draft tree_nodes token_cost row_cost keep token_limit explore match_cost")
 
 
 def new_table(n_states: int, max_rows: int, max_len: int, max_draft: int, branch_length: int,
@@ -202,6 +209,18 @@ def _token_cost(rs, n_rows):
 
 
 @nb.njit(cache=True)
+def _continued_match(state, settings, cursor, context):
+    """The longest context suffix (at most max_match tokens) that occurred before with a
+    continuation: its trie node has a child (0: none has)."""
+    front = cursor[CURSOR_FRONT:]
+    for m in range(min(settings.max_match, context.shape[0]), 0, -1):
+        node = _match(state, front, context, m)
+        if node >= 0 and state.links[node, CHILD] >= 0:
+            return m
+    return 0
+
+
+@nb.njit(cache=True)
 def _draft_chain(table, calib, rs, token_cost, buffers, n_tree, s, limit, out_tokens, out_len, r):
     """The tree's chain of first children (candidates come best first, so a node's first child is its
     best), cut by the cost rule; written to out_tokens[r] and remembered for its outcome."""
@@ -298,6 +317,11 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
         stream = Stream(table.tokens[s], table.n_counted[s], n_row, table.n_prompt[s], 0)
         n_tree = step(state, settings, stream, table.cursors[s], buffers, table.tokens[s, :n_row], rs.tree_nodes)
         table.n_counted[s] = n_row
+        if rs.match_cost < np.inf:
+            factor = max(1.0, rs.match_cost / token_cost) if token_cost > 0.0 else np.inf
+            if factor < np.inf:
+                limit = min(limit, int(np.ceil(factor * _continued_match(state, settings, table.cursors[s],
+                                                                         table.tokens[s, :n_row]))))
         _draft_chain(table, calib, rs, token_cost, buffers, n_tree, s, limit, out_tokens, out_len, r)
     table.row_state[:] = -1
     for r in range(min(n_rows, table.row_state.shape[0])):
@@ -323,7 +347,7 @@ def warm_up() -> None:
     table = new_table(2, 2, 32, 4, 4, np.arange(2, dtype=np.int64))
     calib = new_calibration()
     rs = RowSettings(max_draft=4, tree_nodes=8, token_cost=0.1, row_cost=0.2, keep=0.999, token_limit=16,
-                     explore=0.5)
+                     explore=0.5, match_cost=0.07)
     buffers = new_buffers(8)
     rows = np.array([[1, 2, 3, 1, 2, 3, 1, 2] + [0] * 24, [4, 5, 4, 5, 4, 5, 4, 5] + [0] * 24], np.int32)
     out_tokens, out_len = np.zeros((2, 4), np.int32), np.zeros(2, np.int32)

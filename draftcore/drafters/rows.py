@@ -38,6 +38,12 @@ agree.
     explore       0.25      optimism where evidence is thin: explore / sqrt(observations) is added to
                             a calibrated probability (0: none; benchmarks/chain_replay.py measures
                             it, docs/drafters.md)
+    match_cost    0.07      the match-length rule: a chain is at most max(1, match_cost / c) times
+                            as long as the longest context suffix (up to the trie's max_match) that
+                            occurred before with a continuation, c the drafted token's cost of the
+                            step (token_cost, more for a row among many): the dearer a drafted
+                            token, the more a chain must stand on a long match (vLLM's suffix method
+                            caps at 1x; inf: no cap; docs/drafters.md)
     drafter       None      a TrieDrafter to draft from (e.g. TrieDrafter.load(...)); by default a
                             new one of `capacity` nodes. It may be shared with other users: the row
                             drafter holds max_rows of its pool's request slots for as long as it
@@ -51,6 +57,7 @@ that could not fit in physical memory, and chains or trees larger than one verif
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -69,7 +76,7 @@ class RowDrafter:
 
     def __init__(self, *, max_rows: int, max_len: int, max_draft: int, token_limit: int, token_cost: float = 0.04,
                  row_cost: float = 0.16, tree_nodes: int | None = None, memory: float | None = 6000.0,
-                 explore: float = 0.25, drafter: TrieDrafter | None = None, capacity: int = 1 << 18):
+                 explore: float = 0.25, match_cost: float = 0.07, drafter: TrieDrafter | None = None, capacity: int = 1 << 18):
         K = self._K = kernels(_KERNELS)
         R = kernels(_RETRIEVAL)
         self.max_rows = positive_int("max_rows", max_rows)
@@ -84,6 +91,8 @@ class RowDrafter:
             raise ConfigError(f"tree_nodes: expected at least max_draft = {self.max_draft} (a chain of max_draft "
                               f"tokens needs that many tree nodes), got {self.tree_nodes}")
         self.explore = positive_float("explore", explore, inclusive=True)
+        self.match_cost = match_cost if isinstance(match_cost, float) and match_cost == math.inf \
+            else positive_float("match_cost", match_cost, inclusive=True)
         keep = 1.0 if memory is None else 1.0 - 1.0 / positive_float("memory", memory, minimum=1.0, inclusive=True)
         if drafter is None:
             capacity = positive_int("capacity", capacity)
@@ -118,7 +127,7 @@ class RowDrafter:
         self._calibration = K.new_calibration()
         self._settings = K.RowSettings(max_draft=self.max_draft, tree_nodes=self.tree_nodes, token_cost=self.token_cost,
                                        row_cost=self.row_cost, keep=keep, token_limit=self.token_limit,
-                                       explore=self.explore)
+                                       explore=self.explore, match_cost=float(self.match_cost))
         self._buffers = R.new_buffers(self.tree_nodes)
         # Rows draft with the trie's plain scores: its calibration learns from TrieRequests' own
         # proposals, which an engine's rows are not (they keep a calibration of their own).
