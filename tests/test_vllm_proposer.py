@@ -151,8 +151,10 @@ def test_options_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTCORE_TOKEN_COST", "0.2")
     monkeypatch.setenv("DRAFTCORE_TREE_NODES", "24")
     monkeypatch.setenv("DRAFTCORE_TRIE_CAPACITY", "4096")
+    monkeypatch.setenv("DRAFTCORE_MATCH_COST", "inf")
     proposer = DraftcoreProposer(stand_in_config())
     assert (proposer.rows.token_cost, proposer.rows.tree_nodes, proposer.rows.drafter.capacity) == (0.2, 24, 4096)
+    assert proposer.rows.match_cost == float("inf") and options_from_environment({}).match_cost == 0.07
     assert options_from_environment({}, device="cuda").token_cost < options_from_environment({}, device="cpu").token_cost
 
 
@@ -174,6 +176,8 @@ def test_a_saved_trie_warms_the_proposer(monkeypatch, tmp_path):
     ("DRAFTCORE_TOKEN_COST", "-1", "DRAFTCORE_TOKEN_COST: '-1'; expected a finite number >= 0"),
     ("DRAFTCORE_TOKEN_COST", "cheap", "DRAFTCORE_TOKEN_COST: 'cheap'"),
     ("DRAFTCORE_TREE_NODES", "0", "DRAFTCORE_TREE_NODES: '0'; expected an integer >= 1"),
+    ("DRAFTCORE_MATCH_COST", "-0.1", "DRAFTCORE_MATCH_COST: '-0.1'; expected a number >= 0, or inf"),
+    ("DRAFTCORE_MATCH_COST", "nan", "DRAFTCORE_MATCH_COST: 'nan'"),
     ("DRAFTCORE_TRIE_CAPACITY", "1e6", "DRAFTCORE_TRIE_CAPACITY: '1e6'"),
     ("DRAFTCORE_DRAFTER", "jacobi", "DRAFTCORE_DRAFTER: 'jacobi'; expected one of \\['trie'\\]"),
     ("DRAFTCORE_TRIE_FILE", "/no/such/trie.npz", "DRAFTCORE_TRIE_FILE: '/no/such/trie.npz' is not a file"),

@@ -17,6 +17,10 @@ from the environment of the process that starts vLLM (its engine and worker proc
                                             see draftcore.drafters.rows
     DRAFTCORE_TREE_NODES      4 * k         size of the tree drafted per row before its best chain is cut
                                             (at most draftcore.validate.max_tree_nodes())
+    DRAFTCORE_MATCH_COST      0.07          the match-length rule: a chain is at most max(1, this / the
+                                            drafted token's cost) times the longest context suffix seen
+                                            before with a continuation ("inf": no such cap); see
+                                            draftcore.drafters.rows
 
 A value that cannot be used raises ConfigError naming the variable, the value and what was expected,
 when vLLM builds the proposer (at startup, before any request).
@@ -37,7 +41,7 @@ ROW_COST_BY_DEVICE = {"cuda": 0.02, "cpu": 0.16}
 _SUPPORTED_DRAFTERS = ("trie",)
 PREFIX = "DRAFTCORE_"
 KNOWN = ("DRAFTCORE_DRAFTER", "DRAFTCORE_TRIE_FILE", "DRAFTCORE_TRIE_CAPACITY", "DRAFTCORE_TOKEN_COST",
-         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES")
+         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES", "DRAFTCORE_MATCH_COST")
 # Variables of draftcore's that are not the proposer's (the tools' cache folder): not refused.
 _OTHERS = ("DRAFTCORE_CACHE",)
 
@@ -50,6 +54,7 @@ class ProposerOptions:
     token_cost: float = TOKEN_COST_BY_DEVICE["cpu"]
     row_cost: float = ROW_COST_BY_DEVICE["cpu"]
     tree_nodes: int | None = None
+    match_cost: float = 0.07
 
 
 def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptions:
@@ -79,7 +84,9 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
         drafter=drafter, trie_file=trie_file, trie_capacity=trie_capacity,
         token_cost=_float(environ, "DRAFTCORE_TOKEN_COST", TOKEN_COST_BY_DEVICE.get(device, ProposerOptions.token_cost)),
         row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, ProposerOptions.row_cost)),
-        tree_nodes=tree_nodes)
+        tree_nodes=tree_nodes,
+        match_cost=_number(environ, "DRAFTCORE_MATCH_COST", ProposerOptions.match_cost, float, lambda v: v >= 0.0,
+                           "a number >= 0, or inf"))
 
 
 def _int(environ, name: str, default, minimum: int):

@@ -55,7 +55,8 @@ class DraftcoreProposer:
         self.max_model_len = settings["max_model_len"]
         self.rows = RowDrafter(max_rows=settings["max_num_seqs"], max_len=self.max_model_len, max_draft=self.k,
                                token_limit=settings["vocab_size"], token_cost=options.token_cost,
-                               row_cost=options.row_cost, tree_nodes=options.tree_nodes, drafter=drafter)
+                               row_cost=options.row_cost, tree_nodes=options.tree_nodes,
+                               match_cost=options.match_cost, drafter=drafter)
         self.steps = 0
         self.seconds = 0.0   # spent in propose (for reports: the proposer's share of a step)
 
