@@ -75,6 +75,14 @@ def positive_float(name: str, value, minimum: float = 0.0, inclusive: bool = Fal
     return float(value)
 
 
+def cost_or_inf(name: str, value) -> float:
+    """Return `value` as a float >= 0, or math.inf itself (a share of a step's cost whose rule it
+    turns off); else raise ConfigError."""
+    if isinstance(value, float) and value == math.inf:
+        return value
+    return positive_float(name, value, inclusive=True)
+
+
 @functools.cache
 def physical_memory() -> int | None:
     """This machine's physical memory in bytes (os.sysconf), None where the OS does not say."""

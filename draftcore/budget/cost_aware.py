@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..tree import DraftTree
-from ..validate import positive_float, positive_int, tree_size
+from ..validate import cost_or_inf, positive_float, positive_int, tree_size
 from .calibration import Calibration
 from .corrections import Correction
 from .contexts import ContextCosts
@@ -75,8 +75,7 @@ class CostAwareBudget:
         self.explore_every = positive_int("explore_every", explore_every)
         self.explore_backoff = positive_int("explore_backoff", explore_backoff)
         self.memory = None if memory is None else positive_float("memory", memory, minimum=1.0, inclusive=True)
-        self.window_cost = window_cost if isinstance(window_cost, float) and window_cost == math.inf \
-            else positive_float("window_cost", window_cost, inclusive=True)
+        self.window_cost = cost_or_inf("window_cost", window_cost)
         self.trial_every = positive_int("trial_every", trial_every)
         self.trial_steps = positive_int("trial_steps", trial_steps, minimum=0)
         self.idle_skip = positive_int("idle_skip", idle_skip, minimum=0)

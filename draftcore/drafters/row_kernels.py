@@ -308,6 +308,8 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
         if state_of[r] >= 0 and active[r] and n_tokens[r] > 0:
             n_verified += 1
     token_cost = _token_cost(rs, n_verified)
+    # the match-length rule's factor (inf: no cap, where a drafted token is free or the rule is off)
+    match_factor = max(1.0, rs.match_cost / token_cost) if token_cost > 0.0 else np.inf
     for r in range(n_rows):                           # 5. draft (every row cut with the same calibration)
         s = state_of[r]
         n_row = n_tokens[r]
@@ -317,11 +319,9 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
         stream = Stream(table.tokens[s], table.n_counted[s], n_row, table.n_prompt[s], 0)
         n_tree = step(state, settings, stream, table.cursors[s], buffers, table.tokens[s, :n_row], rs.tree_nodes)
         table.n_counted[s] = n_row
-        if rs.match_cost < np.inf:
-            factor = max(1.0, rs.match_cost / token_cost) if token_cost > 0.0 else np.inf
-            if factor < np.inf:
-                limit = min(limit, int(np.ceil(factor * _continued_match(state, settings, table.cursors[s],
-                                                                         table.tokens[s, :n_row]))))
+        if match_factor < np.inf:
+            limit = min(limit, int(np.ceil(match_factor * _continued_match(state, settings, table.cursors[s],
+                                                                           table.tokens[s, :n_row]))))
         _draft_chain(table, calib, rs, token_cost, buffers, n_tree, s, limit, out_tokens, out_len, r)
     table.row_state[:] = -1
     for r in range(min(n_rows, table.row_state.shape[0])):

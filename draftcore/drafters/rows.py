@@ -57,14 +57,13 @@ that could not fit in physical memory, and chains or trees larger than one verif
 """
 from __future__ import annotations
 
-import math
 import threading
 
 import numpy as np
 
 from ..errors import BusyError, ConfigError, InputError, describe
 from ..jit import kernels
-from ..validate import fits_in_memory, positive_float, positive_int, tree_size
+from ..validate import cost_or_inf, fits_in_memory, positive_float, positive_int, tree_size
 from .trie import TrieDrafter
 
 _KERNELS = "draftcore.drafters.row_kernels"
@@ -91,8 +90,7 @@ class RowDrafter:
             raise ConfigError(f"tree_nodes: expected at least max_draft = {self.max_draft} (a chain of max_draft "
                               f"tokens needs that many tree nodes), got {self.tree_nodes}")
         self.explore = positive_float("explore", explore, inclusive=True)
-        self.match_cost = match_cost if isinstance(match_cost, float) and match_cost == math.inf \
-            else positive_float("match_cost", match_cost, inclusive=True)
+        self.match_cost = cost_or_inf("match_cost", match_cost)
         keep = 1.0 if memory is None else 1.0 - 1.0 / positive_float("memory", memory, minimum=1.0, inclusive=True)
         if drafter is None:
             capacity = positive_int("capacity", capacity)
