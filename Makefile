@@ -14,7 +14,7 @@ OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed-stamp
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: demo test test-vllm bench clean
+.PHONY: demo test test-vllm bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -60,6 +60,17 @@ bench: $(STAMP)
 	$(PY) benchmarks/replay_table.py
 	$(PY) benchmarks/trie_speed.py
 	$(PY) benchmarks/trie_memory.py
+
+# The GPU check (docs/gpu.md). On a CUDA machine: the machine's own python3 (its CUDA torch), with
+# the files benchmarks/gpu_stage.py prepared; `make gpu-check DEVICE=cpu`: the small mode CI runs
+# (the tiny Llama on the CPU through the same code), in this venv.
+DEVICE ?= cuda
+gpu-check: $(if $(filter cpu,$(DEVICE)),$(STAMP))
+ifeq ($(DEVICE),cpu)
+	$(PY) benchmarks/gpu_check.py --device cpu --strict
+else
+	bash benchmarks/gpu_run.sh full
+endif
 
 clean:
 	rm -rf $(VENV) $(OPTIMUM_VENV) $(VLLM_VENV) build *.egg-info

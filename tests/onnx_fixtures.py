@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from draftcore.tools.fixtures.tiny_llama import save_tiny_llama  # noqa: F401  (the tests import it from here)
+
 REPO = Path(__file__).resolve().parent.parent
 OPTIMUM_PYTHON = Path(os.environ.get("DRAFTCORE_OPTIMUM_PYTHON", REPO / ".venv-optimum" / "bin" / "python"))
 
@@ -33,23 +35,6 @@ def plain_greedy(verifier, prompt, n_new):
         out.append(int(verifier.verify(DraftTree.root_only(out[-1]))[0][0]))
         verifier.commit(np.array([0], np.int32))
     return np.array(out, np.int32)
-
-
-def save_tiny_llama(folder, *, seed: int = 0, vocab_size: int = 512, **options):
-    """Save draftcore.tools.fixtures.tiny_llama's model with a word-level tokenizer ("t0" .. "t{vocab-1}"); return the model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from draftcore.tools.fixtures.tiny_llama import tiny_llama
-
-    model = tiny_llama(seed, vocab_size=vocab_size, **options)
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="t0", eos_token="t1").save_pretrained(folder)
-    return model
 
 
 def genai_folder(hf_folder, cache_dir) -> Path:

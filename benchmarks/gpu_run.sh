@@ -1,0 +1,29 @@
+#!/bin/bash
+# The GPU machine's side of the GPU check (docs/gpu.md): install the staged wheels, then run.
+#   bash benchmarks/gpu_run.sh smoke   the tiny Llama on CUDA: every section's code on the GPU, and the
+#                                      numba kernels compiled (their cache stays for the next call)
+#   bash benchmarks/gpu_run.sh full    SmolLM2 once every part of .gpu has arrived
+# Results go to $OUT (the device tool's folder) or bench_out/gpu; DEADLINE (seconds, default 420):
+# no dataset starts after it, so the command ends inside the call's limit with every finished part.
+set -u
+cd "$(dirname "$0")/.."
+SITE=.gpu/site
+# draftcore itself too: its adapters/ folder is the package draftcore.adapters only once installed
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" . .gpu/a/*.whl || exit 1
+export PYTHONPATH="$PWD/$SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# staged wheels (onnxruntime-gpu) once all their parts are here, ahead of the machine's CPU onnxruntime
+WHEELS=$(python3 benchmarks/gpu_stage.py --assembled-wheels)
+if [ -n "$WHEELS" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target .gpu/wheel-site $WHEELS || exit 1
+  export PYTHONPATH="$PWD/.gpu/wheel-site:$PYTHONPATH"
+fi
+RESULTS="${OUT:-bench_out/gpu}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+case "${1:-}" in
+  smoke) python3 benchmarks/gpu_check.py --device cuda --model tiny --out "$RESULTS/smoke" ;;
+  full)  python3 benchmarks/gpu_check.py --device cuda --deadline "${DEADLINE:-420}" --out "$RESULTS/full" ;;
+  *) echo "usage: gpu_run.sh smoke|full" >&2; exit 2 ;;
+esac
+status=$?
+cat "$RESULTS/$1/gpu_check.md"   # into the call's output too, should its files not come back
+exit $status
