@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -157,9 +158,16 @@ def hf_section(args, prompts, eos, dtype: str, save) -> dict:
         model, tokenizer = hf.load_model(None, dtype=dtype, device=args.device)
     outputs = {}
     methods = [_capturing(m, outputs) for m in hf.make_methods(model, tokenizer, HF_METHODS, eos_token_id=eos[0])]
-    section = {"attn": model.config._attn_implementation,
-               "ms_by_nodes": verify_cost_ms(methods[HF_METHODS.index("trie")].verifier, SIZES, args.n_past,
-                                             args.reps)}
+    verifier = methods[HF_METHODS.index("trie")].verifier
+    # The cost table with sdpa as torch picks it (the verifier's cuDNN-free twins, if any, set
+    # aside), then with cuDNN's attention ruled out: whether cuDNN is what a half-precision tree
+    # verify pays for on this GPU (docs/gpu.md)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with _first_forwards_only(verifier):
+        section = {"attn": model.config._attn_implementation,
+                   "ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past, args.reps)}
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        section["ms_by_nodes_without_cudnn"] = verify_cost_ms(verifier, SIZES, args.n_past, args.reps, seed=2)
     save(section)
 
     def near_ties(records):
@@ -167,10 +175,28 @@ def hf_section(args, prompts, eos, dtype: str, save) -> dict:
                             NEAR_TIE[dtype])
 
     _bench(methods, prompts, args, section, save, near_ties)
+    section["kernel_choices"] = verifier.kernel_choices
     # again after the methods ran: a cost that moved tells a warm-up or a state effect from the table
-    section["ms_by_nodes_after"] = verify_cost_ms(methods[HF_METHODS.index("trie")].verifier, SIZES, args.n_past,
-                                                  args.reps, seed=1)
+    with _first_forwards_only(verifier):
+        section["ms_by_nodes_after"] = verify_cost_ms(verifier, SIZES, args.n_past, args.reps, seed=1)
     return section
+
+
+@contextmanager
+def _first_forwards_only(verifier):
+    """HFVerifier with its measured choices set aside for the block: every verify runs the first of
+    its forwards (a tree as sdpa picks its kernels, a one-node step as generate() runs it). A
+    diagnosis reaches into the verifier's races here; users never need to."""
+    races = (verifier._one_token, verifier._trees)
+    kept = [race.chosen for race in races]
+    for race in races:
+        first = next(iter(race.forwards))
+        race.chosen = {bucket: first for bucket in range(64)}
+    try:
+        yield
+    finally:
+        for race, chosen in zip(races, kept):
+            race.chosen = chosen
 
 
 def onnx_section(args, prompts, eos, save) -> dict:
@@ -389,11 +415,15 @@ def markdown(data: dict) -> str:
                                        v["window_nodes_per_step"]] for k, v in section["settled"].items()]), ""]
         if "divergences" in section:
             lines += [_divergence_line(section["divergences"]), ""]
-        for key, when in (("ms_by_nodes", "before the methods ran"), ("ms_by_nodes_after", "after them")):
+        for key, when in (("ms_by_nodes", "before the methods ran"),
+                          ("ms_by_nodes_without_cudnn", "before the methods ran, sdpa without cuDNN attention"),
+                          ("ms_by_nodes_after", "after them")):
             if section.get(key):
                 table = section[key]
                 lines += [f"Verify wall time by tree size (ms, median), {when}:", "",
                           markdown_table(["nodes", *table], [["ms", *table.values()]]), ""]
+        if section.get("kernel_choices"):
+            lines += [f"The verifier's kernel choices after the runs: {section['kernel_choices']}", ""]
         if section.get("note"):
             lines += [section["note"], ""]
     return "\n".join(lines)
@@ -421,7 +451,9 @@ def report_of(data: dict) -> dict:
                                  "window nodes per step"],
                                 [[k, v["drafting_steps"], v["drafted_nodes_median"], v["drafted_nodes_p90"],
                                   v["window_nodes_per_step"]] for k, v in sec["settled"].items()]))
-        for key, when in (("ms_by_nodes", "before the methods ran"), ("ms_by_nodes_after", "after them")):
+        for key, when in (("ms_by_nodes", "before the methods ran"),
+                          ("ms_by_nodes_without_cudnn", "before the methods ran, sdpa without cuDNN attention"),
+                          ("ms_by_nodes_after", "after them")):
             if sec.get(key):
                 tables.append(table(f"{name}: one verify's wall time by tree size, ms (median), {when}",
                                     ["nodes", *sec[key]], [["ms", *sec[key].values()]]))

@@ -36,7 +36,8 @@ from draftcore.validate import positive_int, token_array
 from . import kv_cache
 from .head import checked_split_head, decoder_of
 from .masks import tree_forward_inputs
-from .one_token import OneTokenForwards
+from .attention_backends import cudnn_attention_may_run, without_cudnn
+from .fastest_forward import FastestForward
 from .selfcheck import check_tree_attention, tolerance
 
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -108,14 +109,24 @@ class HFVerifier:
         self._prefill_cache = kv_cache.cache_keyword(model)
         self._verify_cache = kv_cache.cache_keyword(decoder_of(model) if self._split_head is not None else model)
         # A step without drafts runs the faster, measured per context length, of generate()'s own
-        # forward and the split head (one_token.py): never slower than the user's own decoding.
+        # forward and the split head (fastest_forward.py): never slower than the user's own decoding.
+        # Where sdpa may run cuDNN's attention (CUDA, fp16/bf16), one-node and tree forwards each
+        # race a twin without it (attention_backends.py).
         forwards = {"generate": self._generate_forward}
+        trees = {"tree": self._tree_forward}
         if self._split_head is not None:
             forwards["split"] = self._split_forward
-        self._one_token = OneTokenForwards(forwards)
+        if cudnn_attention_may_run(self._device, self._dtype, attn):
+            forwards["generate without cuDNN"] = without_cudnn(self._generate_forward)
+            trees["tree without cuDNN"] = without_cudnn(self._tree_forward)
+        # on a GPU a forward returns before its kernels finish: a timed trial waits for them
+        wait = (lambda _: torch.cuda.synchronize(self._device)) if self._device.type == "cuda" else None
+        self._one_token = FastestForward(forwards, wait=wait)
+        self._trees = FastestForward(trees, wait=wait)
         if self_check:
             check_tree_attention(self)
             self._one_token.forget()
+            self._trees.forget()
 
     # ---------------------------------------------------------------- protocol attributes
 
@@ -219,10 +230,7 @@ class HFVerifier:
                 else:
                     forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
                                    use_cache=True, **{self._verify_cache: self._cache})
-                    if self._split_head is not None:
-                        logits = self._split_head(**forward)         # [n, vocab] on the model's device
-                    else:
-                        logits = _logits(self._model(**forward))[0]
+                    logits = self._trees(forward, self._n_past)
                 result = self._to_host(logits, n_logits)
         except BaseException:
             kv_cache.truncate(self._cache, self._n_past)  # a failed forward may have grown some layers
@@ -239,6 +247,12 @@ class HFVerifier:
                           use_cache=True, **{self._prefill_cache: self._cache}, **self._prefill_kwargs)
         return _logits(out)[0, -1:]
 
+    def _tree_forward(self, forward: dict, n_past: int) -> torch.Tensor:
+        """[n, vocab] logits of one tree forward (`forward`: the model's keyword arguments)."""
+        if self._split_head is not None:
+            return self._split_head(**forward)         # [n, vocab] on the model's device
+        return _logits(self._model(**forward))[0]
+
     def _split_forward(self, token: torch.Tensor, n_past: int) -> torch.Tensor:
         """[1, vocab] logits of one token through the split head, without a mask (one query sees
         every cached position)."""
@@ -250,13 +264,16 @@ class HFVerifier:
     def kernel_choices(self) -> dict:
         """What construction and the one-token race chose on this machine (for reports)."""
         head = self._split_head
-        return {"split_head": head is not None, "weight_major_rows": self.weight_major_rows,
-                "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
+        choices = {"split_head": head is not None, "weight_major_rows": self.weight_major_rows,
+                   "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
+        if len(self._trees.forwards) > 1:
+            choices["tree"] = self._trees.choices()
+        return choices
 
     @property
     def one_token_choices(self) -> dict[str, str]:
         """{context range: "generate" or "split"}: which forward a step without drafts runs at
-        each context length measured so far (one_token.py)."""
+        each context length measured so far (fastest_forward.py)."""
         return self._one_token.choices()
 
     def _to_host(self, logits: torch.Tensor, n_logits: int) -> tuple[np.ndarray, np.ndarray]:

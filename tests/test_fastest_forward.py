@@ -1,5 +1,7 @@
-"""A step without drafts runs the faster of generate()'s forward and the split head, measured per
-context length (adapters/torch_hf/one_token.py), and either one gives generate()'s tokens."""
+"""A verify runs the fastest of its forwards, measured per context length
+(adapters/torch_hf/fastest_forward.py): a step without drafts between generate()'s forward and the
+split head, and on CUDA in fp16/bf16 each forward against its twin without cuDNN's attention
+(attention_backends.py); whichever is kept gives generate()'s tokens."""
 from __future__ import annotations
 
 import os
@@ -13,8 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import draftcore  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
-from draftcore.adapters.torch_hf.one_token import (  # noqa: E402
-    TRIALS, OneTokenForwards, bucket_range, context_bucket)
+from draftcore.adapters.torch_hf import attention_backends, verifier as verifier_module  # noqa: E402
+from draftcore.adapters.torch_hf.fastest_forward import (  # noqa: E402
+    TRIALS, FastestForward, bucket_range, context_bucket)
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 
@@ -51,7 +54,7 @@ def test_each_bucket_alternates_then_keeps_the_faster():
     clock = FakeClock()
     forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050,
                                              "split": lambda n: 0.040 if n < 1024 else 0.060})
-    chooser = OneTokenForwards(forwards, clock)
+    chooser = FastestForward(forwards, clock)
     for n_past in range(100, 100 + 2 * TRIALS + 5):
         chooser(None, n_past)
     tried = [name for name, _ in calls[:2 * TRIALS]]
@@ -69,7 +72,7 @@ def test_one_slow_trial_does_not_decide():
     stalls = iter([0.5])
     forwards, _ = timed_forwards(clock, {"generate": lambda n: 0.050,
                                          "split": lambda n: next(stalls, 0.040)})
-    chooser = OneTokenForwards(forwards, clock)
+    chooser = FastestForward(forwards, clock)
     for n_past in range(2 * TRIALS):
         chooser(None, n_past)
     assert chooser.choices() == {"0-255": "split"}
@@ -78,7 +81,7 @@ def test_one_slow_trial_does_not_decide():
 def test_a_single_forward_is_never_timed():
     def clock():
         raise AssertionError("timed")
-    chooser = OneTokenForwards({"generate": lambda token, n_past: n_past}, clock)
+    chooser = FastestForward({"generate": lambda token, n_past: n_past}, clock)
     assert [chooser(None, n) for n in (1, 300, 5000)] == [1, 300, 5000]
     assert chooser.choices() == {}
 
@@ -108,3 +111,66 @@ def test_no_draft_steps_equal_generate_whichever_forward_is_kept(attn, kept):
     got = draftcore.speculate(forced, prompt, max_new_tokens=40, budget=0, eos_token_id=1).tokens
     assert got.tolist() == want.tolist()
     assert len(calls) == len(want) - 1   # every step after the prefill went through the kept forward
+
+
+def test_a_trial_waits_for_its_result_before_the_clock_is_read():
+    """On a GPU a forward returns before its kernels finish: `wait` runs inside the timed region,
+    so what it waits for is counted; outside the trials it is not called."""
+    clock = FakeClock()
+    forwards, _ = timed_forwards(clock, {"tree": lambda n: 0.010, "tree without cuDNN": lambda n: 0.010})
+    waited = []
+
+    def wait(result):
+        waited.append(result)
+        clock.now += 0.030 if result == "tree" else 0.0   # the queued kernels of "tree" take longer
+
+    chooser = FastestForward(forwards, clock, wait=wait)
+    for n_past in range(2 * TRIALS + 3):
+        chooser(None, n_past)
+    assert chooser.choices() == {"0-255": "tree without cuDNN"}
+    assert len(waited) == 2 * TRIALS
+
+
+def test_cudnn_twins_only_where_cudnn_attention_could_run():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    assert attention_backends.cudnn_attention_may_run(cuda, torch.bfloat16, "sdpa") == enabled
+    assert attention_backends.cudnn_attention_may_run(cuda, torch.float16, "draftcore_sdpa") == enabled
+    assert not attention_backends.cudnn_attention_may_run(cuda, torch.float32, "sdpa")
+    assert not attention_backends.cudnn_attention_may_run(cuda, torch.bfloat16, "eager")
+    assert not attention_backends.cudnn_attention_may_run(cpu, torch.bfloat16, "sdpa")
+    assert set(HFVerifier(tiny_llama(seed=0)).kernel_choices) == {"split_head", "weight_major_rows",
+                                                                  "packed_linear", "one_token"}
+
+
+def test_without_cudnn_restricts_sdpa_inside_the_call_only():
+    seen = []
+    restricted = attention_backends.without_cudnn(
+        lambda x: seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())) or x)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    assert restricted(7) == 7
+    assert seen == [(False, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+@pytest.mark.parametrize("kept", [None, "tree", "tree without cuDNN"])
+def test_trees_through_either_twin_equal_generate(monkeypatch, kept):
+    """The twins' code path, on this CPU (as if cuDNN's attention could run here): speculative
+    greedy output equals generate()'s with the tree forward raced (None) or either one kept."""
+    monkeypatch.setattr(verifier_module, "cudnn_attention_may_run", lambda *args: True)
+    model = tiny_llama(seed=0)
+    rng = np.random.default_rng(5)
+    block = rng.integers(2, model.config.vocab_size, 30)
+    prompt = np.concatenate([block, block, block[:10]]).astype(np.int32)   # drafts that get accepted
+    with torch.inference_mode():
+        ids = torch.from_numpy(prompt).long()[None]
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
+                              eos_token_id=1, pad_token_id=1)[0, prompt.shape[0]:].numpy()
+    verifier = HFVerifier(model)
+    assert list(verifier._trees.forwards) == ["tree", "tree without cuDNN"]
+    assert "generate without cuDNN" in verifier._one_token.forwards
+    if kept is not None:
+        verifier._trees.chosen = {bucket: kept for bucket in range(8, 20)}
+    result = draftcore.speculate(verifier, prompt, max_new_tokens=40, budget=8, eos_token_id=1)
+    assert result.tokens.tolist() == want.tolist()
+    assert sum(k * c for k, c in enumerate(result.stats.accepted_hist)) > 0   # trees were verified and used

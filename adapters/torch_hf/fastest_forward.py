@@ -1,5 +1,5 @@
-"""A one-node verify (a step without drafts, the budget's pause) runs the faster of two forwards,
-measured on this machine at this context length.
+"""A verify runs the fastest of the forwards that compute it, measured on this machine at this
+context length.
 
 Without drafts, a step is one token: draftcore then must cost no more than the user's own decoding.
 Two forwards compute it:
@@ -11,12 +11,16 @@ Two forwards compute it:
                  cached position): the decoder, then `W @ hidden.T`, with the Linear kernels chosen
                  at construction.
 
-Which is faster depends on the CPU (the split's kernels pay on one machine and not on another) and on
-the context (attention grows with it, the Linear layers do not). So neither is assumed: per context
-bucket (powers of two of n_past, everything under 256 in one), the first calls alternate between the
-two, `TRIALS` each, and the bucket then keeps the one with the lower median. Each bucket's choice is
-kept for the verifier's lifetime, across requests. The two give the same logits within the split
-head's construction check (head.py); the "generate" one is the very forward plain decoding runs.
+On CUDA in fp16/bf16, where SDPA may run cuDNN's attention (attention_backends.py), each of a one-node
+and a tree verify also has a twin that runs without it ("... without cuDNN").
+
+Which is faster depends on the machine (the split's kernels pay on one CPU and not on another; cuDNN's
+plans cost little where shapes repeat and much where they do not) and on the context (attention grows
+with it, the Linear layers do not). So none is assumed: per context bucket (powers of two of n_past,
+everything under 256 in one), the first calls alternate between the forwards, `TRIALS` each, and the
+bucket then keeps the one with the lower median. Each bucket's choice is kept for the verifier's
+lifetime, across requests. The forwards give the same logits within the verifier's construction
+check (head.py, selfcheck.py); the "generate" one is the very forward plain decoding runs.
 """
 from __future__ import annotations
 
@@ -40,29 +44,35 @@ def bucket_range(bucket: int) -> str:
     return f"{low}-{2 ** bucket - 1}"
 
 
-class OneTokenForwards:
-    """Runs a one-node forward through whichever of `forwards` measured faster at its context.
+class FastestForward:
+    """Runs a forward through whichever of `forwards` measured fastest at its context.
 
-    forwards: name -> callable(token, n_past) returning the forward's result; the first name is the
+    forwards: name -> callable(inputs, n_past) returning the forward's result; the first name is the
         one a bucket starts with. With one forward there is nothing to choose and nothing is timed.
     clock: seconds, monotonic (tests pass a fake one).
+    wait: called with a timed forward's result before the clock is read again, where the result
+        may still be computing (a GPU's queue: torch.cuda.synchronize); None where it is done.
     """
 
-    def __init__(self, forwards: dict[str, Callable[[object, int], object]], clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, forwards: dict[str, Callable[[object, int], object]], clock: Callable[[], float] = time.perf_counter,
+                 wait: Callable[[object], None] | None = None):
         self.forwards = forwards
         self.clock = clock
+        self.wait = wait
         self._seconds: dict[int, dict[str, list[float]]] = {}   # bucket -> forward -> trial seconds
         self.chosen: dict[int, str] = {}                         # bucket -> the forward it keeps
 
-    def __call__(self, token, n_past: int):
+    def __call__(self, inputs, n_past: int):
         bucket = context_bucket(n_past)
         name = self.chosen.get(bucket)
         if name is not None or len(self.forwards) == 1:
-            return self.forwards[name or next(iter(self.forwards))](token, n_past)
+            return self.forwards[name or next(iter(self.forwards))](inputs, n_past)
         trials = self._seconds.setdefault(bucket, {key: [] for key in self.forwards})
         name = min(trials, key=lambda key: len(trials[key]))   # alternate: the one with fewest trials
         start = self.clock()
-        result = self.forwards[name](token, n_past)
+        result = self.forwards[name](inputs, n_past)
+        if self.wait is not None:
+            self.wait(result)
         trials[name].append(self.clock() - start)
         if all(len(seconds) >= TRIALS for seconds in trials.values()):
             self.chosen[bucket] = min(trials, key=lambda key: float(np.median(trials[key])))
