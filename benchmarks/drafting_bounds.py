@@ -6,7 +6,10 @@ A budget of N candidates can verify a chain N deep, so each bound is taken at ma
 bounds need no node budget beyond that: they are what a drafter that always guessed its family's
 best continuation would reach. Tokens per step do not depend on the machine's speed.
 
-    python benchmarks/drafting_bounds.py [--budgets 16,32,64]
+    python benchmarks/drafting_bounds.py [--budgets 16,32,64] [--traces PATH ...] [--out NAME]
+
+--traces: recorded traces (`draftcore record`) instead of the repo's HumanEval / MT-Bench ones, e.g.
+the workloads: `draftcore record --backend hf --dataset agent --n 10 --out agent.jsonl.gz`.
 """
 import argparse
 
@@ -36,8 +39,10 @@ DRAFTERS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", default="16,32,64")
+    parser.add_argument("--traces", nargs="+", default=[TRACES], help="trace files (default: the repo's)")
+    parser.add_argument("--out", default="drafting_bounds.json", help="file name under bench_out/")
     args = parser.parse_args()
-    traces = read_traces(TRACES)
+    traces = [t for path in args.traces for t in read_traces(path)]
     budgets = [int(b) for b in args.budgets.split(",")]
     results = {}   # label -> budget -> dataset -> tokens per step
     for label, bound in BOUNDS.items():
@@ -54,7 +59,7 @@ def main():
     records = [{"what": label, "budget": n, "dataset": d, "tokens_per_step": v}
                for label, by_budget in results.items() for n, by_set in by_budget.items() for d, v in by_set.items()]
     report = make_report("Drafting headroom: bounds of drafter families beside the trie and the composite", [shown])
-    print("\nwrote", write_json("drafting_bounds.json", report, records=records))
+    print("\nwrote", write_json(args.out, report, records=records))
 
 
 if __name__ == "__main__":
