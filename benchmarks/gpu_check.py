@@ -14,8 +14,9 @@ Sections, in this order, each written to OUT/gpu_check.json and OUT/gpu_check.md
               composite with the auto budget; identical outputs, near-ties (the top-2 logit gap of
               plain decoding where an output first differs), and the tree and window sizes the budget
               settles on
-    onnx      ONNX Runtime (CUDA EP on a GPU) with IO binding: plain, tree mode (draftcore's export) and
-              chain mode (onnxruntime-genai's build, where that package is installed), and its cost
+    onnx      ONNX Runtime (CUDA EP on a GPU) with IO binding: plain, tree mode (draftcore's export) and,
+              where onnxruntime-genai is installed, chain mode on its build beside its own n-gram
+              speculation; and the verify cost
     llamacpp  llama.cpp with every layer offloaded (a child process that imports llama_cpp before
               numba: a CUDA build of it crashed where numba's LLVM came first): plain, prompt lookup,
               LlamaCppVerifier with the auto budget, and its cost
@@ -218,7 +219,7 @@ def onnx_section(args, prompts, eos, save) -> dict:
     names = list(ONNX_METHODS)
     try:
         genai_dir = str(genai_build(folder, "float32", execution_provider=args.device, cache_dir=cache))
-        names.append("chain_trie")
+        names += ["genai_ngram", "chain_trie"]   # the peer: onnxruntime-genai's own n-gram speculation
         chain = ""
     except ConfigError as exc:
         genai_dir, chain = None, f"chain mode not run: {exc}"

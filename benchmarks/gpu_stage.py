@@ -2,15 +2,15 @@
 64 MiB (docs/gpu.md has the plan and the time each step took).
 
     python benchmarks/gpu_stage.py                    # SmolLM2: .gpu/a and .gpu/b (ignored by git)
-    python benchmarks/gpu_stage.py --onnxruntime-gpu  # and the CUDA build of ONNX Runtime: .gpu/c .. .gpu/g
+    python benchmarks/gpu_stage.py --onnxruntime-gpu  # and ONNX Runtime's CUDA builds: .gpu/a .. .gpu/f
 
 Each transfer carries one part folder (the `carry` of a device call); a part already sent stays on the
 machine between calls (while it is held), in the same ignored folder. The parts hold:
     .gpu/a/   the manifest, the prompts as token ids (HumanEval and MT-Bench with their EOS ids: the
               machine has neither the prompt packages nor the model package), the `gguf` wheel
               (transformers reads a GGUF with it) and the first chunk of SmolLM2's Q4_1 GGUF;
-    .gpu/b/.. the rest of the GGUF, then, when asked, the onnxruntime-gpu wheel (CUDA 13, Python 3.12),
-              each part at most PART_BYTES.
+    .gpu/b/.. the rest of the GGUF, then, when asked, the onnxruntime-gpu and onnxruntime-genai-cuda
+              wheels (CUDA 13, Python 3.12), each part at most PART_BYTES.
 `assemble` (called on the machine) joins a staged file once every one of its chunks has arrived and
 the whole file's SHA-256 matches the manifest's.
 """
@@ -27,13 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / ".gpu"
-PART_BYTES = 58 << 20     # the transfer limit is 64 MiB, the repository's own files (~3 MiB) included
+PART_BYTES = 60 << 20     # the transfer limit is 64 MiB, the repository's own files (~3 MiB) included
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.json"
 GGUF_NAME = "smollm2.gguf"
 DATASETS = ("humaneval", "mtbench")
-# the machine's Python and CUDA (docs/gpu.md): onnxruntime-gpu 1.31 is built for CUDA 13
-ORT_GPU = "onnxruntime-gpu==1.31.1"
+# the machine's Python and CUDA (docs/gpu.md): onnxruntime-gpu 1.31 is built for CUDA 13, and
+# onnxruntime-genai-cuda 0.18 (the chain-mode build and its n-gram peer) runs on it
+ORT_GPU = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai-cuda==0.18.0")
 WHEEL_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                   "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 
@@ -55,7 +56,7 @@ def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False) -> l
     files = [packaged_gguf()]
     if onnxruntime_gpu:
         wheels = folder / "wheels"
-        _download(wheels, [ORT_GPU, *WHEEL_PLATFORM])
+        _download(wheels, [*ORT_GPU, *WHEEL_PLATFORM])
         files += sorted(wheels.glob("*.whl"))
     parts, manifest = [first], {"files": []}
     room = PART_BYTES - sum(f.stat().st_size for f in first.iterdir())
@@ -125,7 +126,7 @@ def _download(folder: Path, arguments: list[str]) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=11, help="prompts per dataset, the warm-up one included")
-    ap.add_argument("--onnxruntime-gpu", action="store_true", help=f"stage {ORT_GPU} too (for the ONNX section)")
+    ap.add_argument("--onnxruntime-gpu", action="store_true", help=f"stage {' and '.join(ORT_GPU)} too (for the ONNX section)")
     ap.add_argument("--assembled-wheels", action="store_true",
                     help="on the machine: join the staged wheels whose parts have all arrived; print their paths")
     args = ap.parse_args()

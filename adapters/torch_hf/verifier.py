@@ -300,7 +300,8 @@ class HFVerifier:
         k = path.shape[0]
         with torch.inference_mode():
             if np.array_equal(path, np.arange(k)):
-                kv_cache.truncate(self._cache, self._n_past + k)
+                if k < len(self._tree):   # else the whole tree is the path (a one-node step): nothing to drop
+                    kv_cache.truncate(self._cache, self._n_past + k)
             else:
                 rows = torch.from_numpy(path).to(self._device, torch.long)
                 kv_cache.keep_path(self._cache, self._n_past, rows)
