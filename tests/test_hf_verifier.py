@@ -762,6 +762,14 @@ def test_missing_smollm2_package_is_a_draftcore_error(monkeypatch):
         smollm2.packaged_gguf()
 
 
+def test_a_gguf_that_is_not_a_file_is_refused_by_name(tmp_path):
+    from draftcore.adapters.torch_hf import smollm2
+    missing = tmp_path / "smollm2.gguf"
+    with pytest.raises(DraftcoreError, match="gguf: .*smollm2.gguf.*not a file"):
+        smollm2.converted_folder(tmp_path / "cache", gguf=missing)
+    assert not (tmp_path / "cache").exists()   # refused before anything was written
+
+
 def test_import_draftcore_does_not_import_torch():
     code = "import sys, draftcore, draftcore.adapters; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

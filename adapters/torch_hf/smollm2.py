@@ -57,6 +57,8 @@ def converted_folder(cache_dir=None, gguf=None) -> Path:
     if (folder / "config.json").is_file():
         return folder
     gguf = packaged_gguf() if gguf is None else Path(gguf)
+    if not gguf.is_file():
+        raise DraftcoreError(f"gguf: expected SmolLM2's GGUF file, got {str(gguf)!r}, which is not a file")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER_NAME}-", dir=root))
     umask = os.umask(0)
