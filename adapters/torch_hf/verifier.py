@@ -34,10 +34,10 @@ from draftcore.tree import DraftTree
 from draftcore.validate import positive_int, token_array
 
 from . import kv_cache
-from .head import checked_split_head, decoder_of
-from .masks import tree_forward_inputs
 from .attention_backends import cudnn_attention_may_run, without_cudnn
 from .fastest_forward import FastestForward
+from .head import checked_split_head, decoder_of
+from .masks import tree_forward_inputs
 from .selfcheck import check_tree_attention, tolerance
 
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -262,7 +262,8 @@ class HFVerifier:
 
     @property
     def kernel_choices(self) -> dict:
-        """What construction and the one-token race chose on this machine (for reports)."""
+        """What construction and the races of forwards chose on this machine (for reports); "tree"
+        only where tree forwards race (CUDA, fp16/bf16: with or without cuDNN's attention)."""
         head = self._split_head
         choices = {"split_head": head is not None, "weight_major_rows": self.weight_major_rows,
                    "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
