@@ -3,8 +3,10 @@
 #   bash benchmarks/gpu_run.sh smoke   the tiny Llama on CUDA: every section's code on the GPU, and the
 #                                      numba kernels compiled (their cache stays for the next call)
 #   bash benchmarks/gpu_run.sh full    SmolLM2 once every part of .gpu has arrived
+#   bash benchmarks/gpu_run.sh stage   nothing but install what has arrived (a call that only carries a part)
 # Results go to $OUT (the device tool's folder) or bench_out/gpu; DEADLINE (seconds, default 420):
-# no dataset starts after it, so the command ends inside the call's limit with every finished part.
+# no dataset starts after it, so the command ends inside the call's limit with every finished part;
+# SECTIONS (default hf,onnx,llamacpp): the parts to run, e.g. SECTIONS=onnx once onnxruntime-gpu is here.
 set -u
 cd "$(dirname "$0")/.."
 SITE=.gpu/site
@@ -21,8 +23,10 @@ RESULTS="${OUT:-bench_out/gpu}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 case "${1:-}" in
   smoke) python3 benchmarks/gpu_check.py --device cuda --model tiny --out "$RESULTS/smoke" ;;
-  full)  python3 benchmarks/gpu_check.py --device cuda --deadline "${DEADLINE:-420}" --out "$RESULTS/full" ;;
-  *) echo "usage: gpu_run.sh smoke|full" >&2; exit 2 ;;
+  full)  python3 benchmarks/gpu_check.py --device cuda --deadline "${DEADLINE:-420}" \
+           --sections "${SECTIONS:-hf,onnx,llamacpp}" --out "$RESULTS/full" ;;
+  stage) python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"; exit ;;
+  *) echo "usage: gpu_run.sh smoke|full|stage" >&2; exit 2 ;;
 esac
 status=$?
 cat "$RESULTS/$1/gpu_check.md"   # into the call's output too, should its files not come back
