@@ -4,6 +4,8 @@
 #                                      numba kernels compiled (their cache stays for the next call)
 #   bash benchmarks/gpu_run.sh full    SmolLM2 once every part of .gpu has arrived
 #   bash benchmarks/gpu_run.sh stage   nothing but install what has arrived (a call that only carries a part)
+#   bash benchmarks/gpu_run.sh build-llama   build the staged llama-cpp-python source with CUDA (Hopper),
+#                                      timed, into .gpu/llama-site (then SECTIONS=llamacpp ... full)
 # Results go to $OUT (the device tool's folder) or bench_out/gpu; DEADLINE (seconds, default 420):
 # no dataset starts after it, so the command ends inside the call's limit with every finished part;
 # SECTIONS (default hf,onnx,llamacpp): the parts to run, e.g. SECTIONS=onnx once onnxruntime-gpu is here.
@@ -19,6 +21,7 @@ if [ -n "$WHEELS" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target .gpu/wheel-site $WHEELS || exit 1
   export PYTHONPATH="$PWD/.gpu/wheel-site:$PYTHONPATH"
 fi
+if [ -d .gpu/llama-site ]; then export PYTHONPATH="$PWD/.gpu/llama-site:$PYTHONPATH"; fi
 RESULTS="${OUT:-bench_out/gpu}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 case "${1:-}" in
@@ -26,7 +29,16 @@ case "${1:-}" in
   full)  python3 benchmarks/gpu_check.py --device cuda --deadline "${DEADLINE:-420}" \
            --sections "${SECTIONS:-hf,onnx,llamacpp}" --out "$RESULTS/full" ;;
   stage) python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"; exit ;;
-  *) echo "usage: gpu_run.sh smoke|full|stage" >&2; exit 2 ;;
+  build-llama)
+    SOURCE=$(python3 benchmarks/gpu_stage.py --assembled-source)
+    [ -n "$SOURCE" ] || { echo "llama-cpp-python's source has not all arrived" >&2; exit 1; }
+    start=$(date +%s)
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target .gpu/llama-site "$SOURCE"
+    status=$?
+    echo "llama-cpp-python with CUDA: exit $status after $(( $(date +%s) - start )) s"
+    exit $status ;;
+  *) echo "usage: gpu_run.sh smoke|full|stage|build-llama" >&2; exit 2 ;;
 esac
 status=$?
 cat "$RESULTS/$1/gpu_check.md"   # into the call's output too, should its files not come back

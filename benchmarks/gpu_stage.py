@@ -3,6 +3,7 @@
 
     python benchmarks/gpu_stage.py                    # SmolLM2: .gpu/a and .gpu/b (ignored by git)
     python benchmarks/gpu_stage.py --onnxruntime-gpu  # and ONNX Runtime's CUDA builds: .gpu/a .. .gpu/f
+    python benchmarks/gpu_stage.py --llama-cpp-source # and llama-cpp-python's source: .gpu/a .. .gpu/c
 
 Each transfer carries one part folder (the `carry` of a device call); a part already sent stays on the
 machine between calls (while it is held), in the same ignored folder. The parts hold:
@@ -35,11 +36,13 @@ DATASETS = ("humaneval", "mtbench")
 # the machine's Python and CUDA (docs/gpu.md): onnxruntime-gpu 1.31 is built for CUDA 13, and
 # onnxruntime-genai-cuda 0.18 (the chain-mode build and its n-gram peer) runs on it
 ORT_GPU = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai-cuda==0.18.0")
+# llama-cpp-python has no CUDA wheel on PyPI: its source, built there with nvcc (gpu_run.sh build-llama)
+LLAMA_CPP_SOURCE = "llama-cpp-python==0.3.36"
 WHEEL_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                   "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 
 
-def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False) -> list[Path]:
+def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False, llama_cpp_source: bool = False) -> list[Path]:
     """Write the part folders under `folder` (n prompts per dataset, the warm-up one included);
     return them in the order they are to be sent."""
     from draftcore.adapters.torch_hf.smollm2 import load_smollm2_tokenizer, packaged_gguf
@@ -58,6 +61,11 @@ def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False) -> l
         wheels = folder / "wheels"
         _download(wheels, [*ORT_GPU, *WHEEL_PLATFORM])
         files += sorted(wheels.glob("*.whl"))
+    if llama_cpp_source:
+        sources = folder / "sources"
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
+                        "-d", str(sources), LLAMA_CPP_SOURCE], check=True)
+        files += sorted(sources.glob("*.tar.gz"))
     parts, manifest = [first], {"files": []}
     room = PART_BYTES - sum(f.stat().st_size for f in first.iterdir())
     for path in files:
@@ -78,6 +86,7 @@ def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False) -> l
             room -= len(chunk)
         manifest["files"].append(entry)
     shutil.rmtree(folder / "wheels", ignore_errors=True)
+    shutil.rmtree(folder / "sources", ignore_errors=True)
     (first / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return parts
 
@@ -127,6 +136,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=11, help="prompts per dataset, the warm-up one included")
     ap.add_argument("--onnxruntime-gpu", action="store_true", help=f"stage {' and '.join(ORT_GPU)} too (for the ONNX section)")
+    ap.add_argument("--llama-cpp-source", action="store_true",
+                    help=f"stage {LLAMA_CPP_SOURCE}'s source too (built with CUDA there: gpu_run.sh build-llama)")
+    ap.add_argument("--assembled-source", action="store_true",
+                    help="on the machine: join the staged llama-cpp-python source once all its parts arrived; print its path")
     ap.add_argument("--assembled-wheels", action="store_true",
                     help="on the machine: join the staged wheels whose parts have all arrived; print their paths")
     args = ap.parse_args()
@@ -137,7 +150,14 @@ def main():
             path, why = assemble(STAGE, name)
             print(path if path else f"# {why}", file=sys.stdout if path else sys.stderr)
         return
-    for part in stage(STAGE, args.n, args.onnxruntime_gpu):
+    if args.assembled_source:
+        manifest = STAGE / "a" / MANIFEST
+        names = [f["name"] for f in json.loads(manifest.read_text())["files"]] if manifest.is_file() else []
+        for name in (n for n in names if n.endswith(".tar.gz")):
+            path, why = assemble(STAGE, name)
+            print(path if path else f"# {why}", file=sys.stdout if path else sys.stderr)
+        return
+    for part in stage(STAGE, args.n, args.onnxruntime_gpu, args.llama_cpp_source):
         size = sum(f.stat().st_size for f in part.iterdir())
         print(f"{part.relative_to(ROOT)}: {size / 2**20:.1f} MiB ({', '.join(sorted(f.name for f in part.iterdir()))})")
     print("carry one part per device call, .gpu/a first (docs/gpu.md)")
