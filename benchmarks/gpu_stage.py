@@ -132,6 +132,16 @@ def _download(folder: Path, arguments: list[str]) -> None:
                     "-d", str(folder), *arguments], check=True)
 
 
+def _print_assembled(suffix: str) -> None:
+    """Join every staged file named *suffix whose parts have all arrived: its path on stdout (what
+    gpu_run.sh installs), or why not on stderr."""
+    manifest = STAGE / "a" / MANIFEST
+    names = [f["name"] for f in json.loads(manifest.read_text())["files"]] if manifest.is_file() else []
+    for name in (n for n in names if n.endswith(suffix)):
+        path, why = assemble(STAGE, name)
+        print(path if path else f"# {why}", file=sys.stdout if path else sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=11, help="prompts per dataset, the warm-up one included")
@@ -143,19 +153,8 @@ def main():
     ap.add_argument("--assembled-wheels", action="store_true",
                     help="on the machine: join the staged wheels whose parts have all arrived; print their paths")
     args = ap.parse_args()
-    if args.assembled_wheels:
-        manifest = STAGE / "a" / MANIFEST
-        names = [f["name"] for f in json.loads(manifest.read_text())["files"]] if manifest.is_file() else []
-        for name in (n for n in names if n.endswith(".whl")):
-            path, why = assemble(STAGE, name)
-            print(path if path else f"# {why}", file=sys.stdout if path else sys.stderr)
-        return
-    if args.assembled_source:
-        manifest = STAGE / "a" / MANIFEST
-        names = [f["name"] for f in json.loads(manifest.read_text())["files"]] if manifest.is_file() else []
-        for name in (n for n in names if n.endswith(".tar.gz")):
-            path, why = assemble(STAGE, name)
-            print(path if path else f"# {why}", file=sys.stdout if path else sys.stderr)
+    if args.assembled_wheels or args.assembled_source:
+        _print_assembled(".whl" if args.assembled_wheels else ".tar.gz")
         return
     for part in stage(STAGE, args.n, args.onnxruntime_gpu, args.llama_cpp_source):
         size = sum(f.stat().st_size for f in part.iterdir())
