@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -164,7 +163,7 @@ def hf_section(args, prompts, eos, dtype: str, save) -> dict:
     # aside), then with cuDNN's attention ruled out: whether cuDNN is what a half-precision tree
     # verify pays for on this GPU (docs/gpu.md)
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with _first_forwards_only(verifier):
+    with verifier.first_forwards_only():
         section = {"attn": model.config._attn_implementation,
                    "ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past, args.reps)}
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
@@ -178,26 +177,9 @@ def hf_section(args, prompts, eos, dtype: str, save) -> dict:
     _bench(methods, prompts, args, section, save, near_ties)
     section["kernel_choices"] = verifier.kernel_choices
     # again after the methods ran: a cost that moved tells a warm-up or a state effect from the table
-    with _first_forwards_only(verifier):
+    with verifier.first_forwards_only():
         section["ms_by_nodes_after"] = verify_cost_ms(verifier, SIZES, args.n_past, args.reps, seed=1)
     return section
-
-
-@contextmanager
-def _first_forwards_only(verifier):
-    """HFVerifier with its measured choices set aside for the block: every verify runs the first of
-    its forwards (a tree as sdpa picks its kernels, a one-node step as generate() runs it). A
-    diagnosis reaches into the verifier's races here; users never need to."""
-    races = (verifier._one_token, verifier._trees)
-    kept = [race.chosen for race in races]
-    for race in races:
-        first = next(iter(race.forwards))
-        race.chosen = {bucket: first for bucket in range(64)}
-    try:
-        yield
-    finally:
-        for race, chosen in zip(races, kept):
-            race.chosen = chosen
 
 
 def onnx_section(args, prompts, eos, save) -> dict:
@@ -392,8 +374,9 @@ def _hf_top2_gap(model, ids) -> float:
 # ---------------------------------------------------------------- output
 
 def markdown(data: dict) -> str:
-    from draftcore.tools.bench import format_table
-    from draftcore.tools.report import markdown_table
+    """gpu_check.md: each section's tables (section_tables, the same the report keeps), with the
+    env, a skipped part's reason, the divergences in words, the kernel choices and any note."""
+    from draftcore.tools.report import markdown_table, table_text
     cfg = data["config"]
     lines = [f"# GPU check: {cfg['model']} on {cfg['device']}, {cfg['max_new_tokens']} new tokens, "
              f"{cfg['n']} prompts per dataset", ""]
@@ -405,24 +388,9 @@ def markdown(data: dict) -> str:
         if name == "env":
             lines += ["", markdown_table(["", "value"], [[k, v] for k, v in section.items()]), ""]
             continue
-        if "rows" in section:
-            lines += ["", format_table(section["rows"]), ""]
-        if section.get("settled"):
-            lines += ["Where the budget settled (last half of each dataset's prompts): the share of steps that "
-                      "drafted, and the drafted nodes of those steps:", "",
-                      markdown_table(["dataset / method", "steps drafting", "nodes (median)", "nodes (p90)",
-                                      "window nodes per step"],
-                                     [[k, v["drafting_steps"], v["drafted_nodes_median"], v["drafted_nodes_p90"],
-                                       v["window_nodes_per_step"]] for k, v in section["settled"].items()]), ""]
+        lines += ["", *(line for kept in section_tables(name, section) for line in (table_text(kept), ""))]
         if "divergences" in section:
             lines += [_divergence_line(section["divergences"]), ""]
-        for key, when in (("ms_by_nodes", "before the methods ran"),
-                          ("ms_by_nodes_without_cudnn", "before the methods ran, sdpa without cuDNN attention"),
-                          ("ms_by_nodes_after", "after them")):
-            if section.get(key):
-                table = section[key]
-                lines += [f"Verify wall time by tree size (ms, median), {when}:", "",
-                          markdown_table(["nodes", *table], [["ms", *table.values()]]), ""]
         if section.get("kernel_choices"):
             lines += [f"The verifier's kernel choices after the runs: {section['kernel_choices']}", ""]
         if section.get("note"):
@@ -430,11 +398,44 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+COST_TABLES = (("ms_by_nodes", "before the methods ran"),
+               ("ms_by_nodes_without_cudnn", "before the methods ran, sdpa without cuDNN attention"),
+               ("ms_by_nodes_after", "after them"))
+
+
+def section_tables(name: str, sec: dict) -> list[dict]:
+    """A measured section's tables (draftcore.tools.report.table): its methods side by side, where
+    the budget settled, the verify cost by tree size and the outputs that differ from plain's."""
+    from draftcore.tools.bench import summary_table
+    from draftcore.tools.report import table
+    tables = []
+    if sec.get("rows"):
+        tables.append(dict(summary_table(sec["rows"]), title=f"{name}: methods side by side"))
+    if sec.get("settled"):
+        tables.append(table(f"{name}: where the auto budget settled (last half of each dataset's prompts): the "
+                            f"share of steps that drafted, and the drafted nodes of those steps",
+                            ["dataset / method", "steps drafting", "drafted nodes (median)", "(p90)",
+                             "window nodes per step"],
+                            [[k, v["drafting_steps"], v["drafted_nodes_median"], v["drafted_nodes_p90"],
+                              v["window_nodes_per_step"]] for k, v in sec["settled"].items()]))
+    for key, when in COST_TABLES:
+        if sec.get(key):
+            tables.append(table(f"{name}: one verify's wall time by tree size, ms (median), {when}",
+                                ["nodes", *sec[key]], [["ms", *sec[key].values()]]))
+    if sec.get("divergences"):
+        tables.append(table(f"{name}: outputs that differ from plain decoding's",
+                            ["method", "prompt", "first different token", "plain's top-2 logit gap there", "verdict"],
+                            [[d["method"], f"{d['dataset']} {d['idx']}", d["position"],
+                              f"{d['top2_gap']:.3g}" if "top2_gap" in d else "-",
+                              ("near-tie" if d["near_tie"] else "MISMATCH") if "near_tie" in d else "-"]
+                             for d in sec["divergences"]]))
+    return tables
+
+
 def report_of(data: dict) -> dict:
     """The run as a report (draftcore.tools.report) that `draftcore results` renders into
     docs/results.md: the machine is the one the env section read (the run's, wherever the report is
-    made), the tables those of gpu_check.md."""
-    from draftcore.tools.bench import summary_table
+    made), the tables those of gpu_check.md (section_tables)."""
     from draftcore.tools.report import table
     cfg, sections = data["config"], data["sections"]
     env = sections.get("env", {})
@@ -442,29 +443,8 @@ def report_of(data: dict) -> dict:
                     [[name, "done" if "skipped" not in sec else "unverified, not run: " + sec["skipped"].strip().splitlines()[-1]]
                      for name, sec in sections.items() if name != "env"])]
     for name, sec in sections.items():
-        if name == "env" or "skipped" in sec:
-            continue
-        if sec.get("rows"):
-            tables.append(dict(summary_table(sec["rows"]), title=f"{name}: methods side by side"))
-        if sec.get("settled"):
-            tables.append(table(f"{name}: where the auto budget settled (last half of each dataset's prompts)",
-                                ["dataset / method", "steps drafting", "drafted nodes (median)", "(p90)",
-                                 "window nodes per step"],
-                                [[k, v["drafting_steps"], v["drafted_nodes_median"], v["drafted_nodes_p90"],
-                                  v["window_nodes_per_step"]] for k, v in sec["settled"].items()]))
-        for key, when in (("ms_by_nodes", "before the methods ran"),
-                          ("ms_by_nodes_without_cudnn", "before the methods ran, sdpa without cuDNN attention"),
-                          ("ms_by_nodes_after", "after them")):
-            if sec.get(key):
-                tables.append(table(f"{name}: one verify's wall time by tree size, ms (median), {when}",
-                                    ["nodes", *sec[key]], [["ms", *sec[key].values()]]))
-        if sec.get("divergences"):
-            tables.append(table(f"{name}: outputs that differ from plain decoding's",
-                                ["method", "prompt", "first different token", "plain's top-2 logit gap there", "verdict"],
-                                [[d["method"], f"{d['dataset']} {d['idx']}", d["position"],
-                                  f"{d['top2_gap']:.3g}" if "top2_gap" in d else "-",
-                                  ("near-tie" if d["near_tie"] else "MISMATCH") if "near_tie" in d else "-"]
-                                 for d in sec["divergences"]]))
+        if name != "env" and "skipped" not in sec:
+            tables += section_tables(name, sec)
     versions = {k: env[k] for k in ("numpy", "numba", "torch", "transformers", "onnxruntime") if k in env}
     machine = {"cpu": env.get("processor", "unknown"), "logical_cores": env.get("logical_cores"),
                "gpu": env.get("gpu"), "os": "", "python": env.get("python", "?"), "versions": versions}

@@ -153,15 +153,32 @@ def test_without_cudnn_restricts_sdpa_inside_the_call_only():
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
-@pytest.mark.parametrize("kept", [None, "tree", "tree without cuDNN"])
-def test_trees_through_either_twin_equal_generate(monkeypatch, kept):
+def test_first_only_runs_the_first_forward_untimed_and_keeps_the_choices():
+    """A diagnosis pins the first forward for a block; the race's choices hold again after it."""
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
+    chooser = FastestForward(forwards, clock)
+    for n_past in range(2 * TRIALS):
+        chooser(None, n_past)
+    assert chooser.choices() == {"0-255": "split"}
+    calls.clear()
+    with chooser.first_only():
+        assert [chooser(None, n) for n in (10, 300, 5000)] == ["generate"] * 3
+    assert chooser.choices() == {"0-255": "split"}   # nothing new was timed or chosen
+    assert chooser(None, 20) == "split"
+
+
+@pytest.mark.parametrize("kept,context", [(None, 70), ("tree", 70), ("tree without cuDNN", 70), (None, 700)])
+def test_trees_through_either_twin_equal_generate(monkeypatch, kept, context):
     """The twins' code path, on this CPU (as if cuDNN's attention could run here): speculative
-    greedy output equals generate()'s with the tree forward raced (None) or either one kept."""
+    greedy output equals generate()'s with the tree forward raced (None) or either one kept; at
+    700 tokens of context the race runs again in each new bucket (256-511, 512-1023)."""
     monkeypatch.setattr(verifier_module, "cudnn_attention_may_run", lambda *args: True)
-    model = tiny_llama(seed=0)
+    model = tiny_llama(seed=0, max_position=1024)
     rng = np.random.default_rng(5)
     block = rng.integers(2, model.config.vocab_size, 30)
-    prompt = np.concatenate([block, block, block[:10]]).astype(np.int32)   # drafts that get accepted
+    filler = rng.integers(2, model.config.vocab_size, context - 70)
+    prompt = np.concatenate([filler, block, block, block[:10]]).astype(np.int32)   # drafts that get accepted
     with torch.inference_mode():
         ids = torch.from_numpy(prompt).long()[None]
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
@@ -174,3 +191,5 @@ def test_trees_through_either_twin_equal_generate(monkeypatch, kept):
     result = draftcore.speculate(verifier, prompt, max_new_tokens=40, budget=8, eos_token_id=1)
     assert result.tokens.tolist() == want.tolist()
     assert sum(k * c for k, c in enumerate(result.stats.accepted_hist)) > 0   # trees were verified and used
+    if kept is None and context > 512:
+        assert "512-1023" in verifier.kernel_choices["tree"]

@@ -25,6 +25,7 @@ check (head.py, selfcheck.py); the "generate" one is the very forward plain deco
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
@@ -61,8 +62,11 @@ class FastestForward:
         self.wait = wait
         self._seconds: dict[int, dict[str, list[float]]] = {}   # bucket -> forward -> trial seconds
         self.chosen: dict[int, str] = {}                         # bucket -> the forward it keeps
+        self._pinned: str | None = None                          # the forward every call runs, untimed
 
     def __call__(self, inputs, n_past: int):
+        if self._pinned is not None:
+            return self.forwards[self._pinned](inputs, n_past)
         bucket = context_bucket(n_past)
         name = self.chosen.get(bucket)
         if name is not None or len(self.forwards) == 1:
@@ -77,6 +81,16 @@ class FastestForward:
         if all(len(seconds) >= TRIALS for seconds in trials.values()):
             self.chosen[bucket] = min(trials, key=lambda key: float(np.median(trials[key])))
         return result
+
+    @contextmanager
+    def first_only(self):
+        """Within the block every call runs the first forward, untimed; what was measured and
+        chosen stays as it was for after it (a diagnosis: the cost without the race's choices)."""
+        pinned, self._pinned = self._pinned, next(iter(self.forwards))
+        try:
+            yield
+        finally:
+            self._pinned = pinned
 
     def forget(self) -> None:
         """Drop every measurement and choice (after construction's self-check, whose few cold calls

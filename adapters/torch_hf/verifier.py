@@ -24,6 +24,7 @@ branching tree against its own one-token-per-forward decoding (draftcore.selfche
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -270,6 +271,15 @@ class HFVerifier:
         if len(self._trees.forwards) > 1:
             choices["tree"] = self._trees.choices()
         return choices
+
+    @contextmanager
+    def first_forwards_only(self):
+        """Within the block every verify runs the first of its forwards, nothing raced or timed: a
+        one-node step as `generate()` runs it, a tree as sdpa picks its kernels. For a diagnosis
+        (benchmarks/gpu_check.py: the cost table without the verifier's choices); the choices made
+        before it hold again after it."""
+        with self._one_token.first_only(), self._trees.first_only():
+            yield
 
     @property
     def one_token_choices(self) -> dict[str, str]:
