@@ -4,12 +4,14 @@ plain decoding, at about 100, 1,000 and 3,000 tokens of context.
 Where drafting does not pay, draftcore must not be slower than the user's own decoding, on any
 machine and at any context length. Each prompt asks for a summary of a slice of Python's reference
 documentation (pydoc_data, in the standard library) cut to the context length; every method runs
-every prompt, interleaved, after one short warm-up run each. Per (backend, context): median tok/s,
+every prompt, interleaved, after one short warm-up run each (with --rounds, every prompt that many
+times, each round afresh, keeping each prompt's median round). Per (backend, context): median tok/s,
 the median and lowest per-prompt ratio to plain, the prompts below 0.95x, tokens per step and
 identical outputs; then the machine and the kernel choices each verifier made.
 
     .venv/bin/python benchmarks/floor.py                      # hf, llamacpp, onnx; 100,1000,3000; 3 prompts
     .venv/bin/python benchmarks/floor.py --backends hf --contexts 100,1000 --n 2 --new 32
+    .venv/bin/python benchmarks/floor.py --rounds 3     # each prompt's median of 3 rounds
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def context_prompts(tokenizer, document: np.ndarray, context: int, n: int) -> li
     return prompts
 
 
-def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str) -> tuple[list[list], dict]:
+def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str,
+                rounds: int = 1) -> tuple[list[list], dict]:
     backend = load_backend(name)
     options = {"llamacpp": {"n_ctx": max(contexts) + new_tokens + 256}, "hf": {"attn": hf_attn}}.get(name, {})
     model, tokenizer = backend.load_model(None, **options)
@@ -62,7 +65,7 @@ def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str) -> t
     prompts = [p for context in contexts for p in context_prompts(tokenizer, document, context, n)]
     for method in methods:   # one short warm-up run each: first-call costs are no method's speed
         method.run(prompts[0].ids[:64], 8)
-    records = run_benchmark(methods, prompts, new_tokens, warmup=0)
+    records = run_benchmark(methods, prompts, new_tokens, warmup=0, rounds=rounds)
     base = {(r["dataset"], r["idx"]): r for r in records if r["method"] == methods[0].name}
     rows = []
     for row in summarize(records, baseline=methods[0].name):
@@ -88,15 +91,19 @@ def main(argv=None) -> int:
     parser.add_argument("--new", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--hf-attn", default="sdpa",
                         help="the HF model's attention: 'sdpa' is what from_pretrained gives users")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every prompt this many times, each round afresh; a prompt's record is its "
+                             "median round (a prompt's ratio then says less about the machine's noise)")
     parser.add_argument("--out", default="bench_out/floor")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     rows, details = [], {}
     for name in args.backends.split(","):
-        backend_rows, details[name] = run_backend(name, contexts, args.n, args.new, args.hf_attn)
+        backend_rows, details[name] = run_backend(name, contexts, args.n, args.new, args.hf_attn, args.rounds)
         rows += backend_rows
         print(table_text(table("", HEADER, backend_rows)), flush=True)
-    kept = table(f"budget 0 and the bare call against plain decoding, {args.new} new tokens", HEADER, rows)
+    rounds = f", the median of {args.rounds} rounds per prompt" if args.rounds > 1 else ""
+    kept = table(f"budget 0 and the bare call against plain decoding, {args.new} new tokens{rounds}", HEADER, rows)
     settings = {name: {**d["settings"], "kernel choices": d["kernel_choices"]} for name, d in details.items()}
     report = make_report("The floor: draftcore against each backend's plain decoding by context length", [kept],
                          command=command_line(sys.argv if argv is None else ["benchmarks/floor.py", *argv]),
