@@ -13,6 +13,7 @@ budget runs:
     corrections.py  Correction     bias and gamble: what the expectation is worth on what it picks
     pausing.py      PauseTrials    whether drafting pays at all: the draft and pause arms
     idle.py         IdleSkipping   skip asking a drafter that keeps drafting nothing, where asking costs
+    aftermath.py    Aftermath      a drafted step's cost includes what it leaves for the next step
     lookahead.py    window_pays    whether a lookahead window rides along; LookaheadProbe
 
 docs/budget.md gives the measurements behind each rule.
@@ -26,6 +27,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..tree import DraftTree
 from ..validate import cost_or_inf, positive_float, positive_int, tree_size
+from .aftermath import Aftermath
 from .calibration import Calibration
 from .corrections import Correction
 from .contexts import ContextCosts
@@ -93,6 +95,8 @@ class CostAwareBudget:
         self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
         self._lookahead = LookaheadProbe()
+        self._aftermath = Aftermath()
+        self._next_n_past = -1   # the context the next step of the same sequence starts from
 
     @property
     def _costs(self):
@@ -107,7 +111,10 @@ class CostAwareBudget:
         # wrong context for the rest of the budget's life)
         if not isinstance(n_past, (int, np.integer)) or isinstance(n_past, bool) or n_past < 0:
             raise InputError(f"n_past: expected the number of cached tokens, an int >= 0, got {n_past!r}")
+        if n_past != self._next_n_past:   # another sequence: nothing of the last one follows its last step
+            self._learn_costs(self._aftermath.flush())
         self._contexts.at(n_past)
+        self._next_n_past = int(n_past)
 
     def request_size(self) -> int:
         self._skipping.asked = False
@@ -148,13 +155,21 @@ class CostAwareBudget:
         if not isinstance(seconds, (int, float, np.number)) or not 0 <= seconds < math.inf:
             raise InputError(f"seconds: expected the step's finite duration >= 0, got {seconds!r}")
         self._step += 1
-        if tree.n_candidates == 1 and not tree.n_lookahead:
-            self._skipping.learn_root_seconds(seconds)
+        if self._next_n_past >= 0:
+            self._next_n_past += path.shape[0]
+        if tree.n_candidates == 1 and not tree.n_lookahead and self._aftermath.pending is None:
+            self._skipping.learn_root_seconds(seconds)   # a root-only step after another: no aftermath in it
         # The arms compare tokens per root-only step at the step's own context, not per second: a
         # request's steps grow dearer as its context grows, and a pause trial late in a long
         # request must not lose to drafting steps measured early in it, or win against them.
-        if not self._trials.end_step(self._step, path.shape[0], seconds / self._contexts.unit()):
-            return   # a paused step: nothing drafted, so no cost of a drafting step and no acceptance
+        drafting = self._trials.end_step(self._step, path.shape[0], seconds / self._contexts.unit())
+        # A paused step teaches no cost of its own (nothing drafted), but shows what the drafted step
+        # before it left behind (aftermath.py).
+        self._learn_costs(self._aftermath.settle(self._costs, tree.n_candidates, tree.n_lookahead, seconds,
+                                                 teaches=drafting))
+        if not drafting:
+            return   # a paused step: no acceptance either
+        self._costs.tried(tree.n_candidates)
         accepted = path.shape[0] - 1.0
         if tree.n_draft and self._sees_outcomes:
             # The verified prefix's uncorrected expectation, before it is learnt from. Only where the
@@ -163,8 +178,12 @@ class CostAwareBudget:
             expected = float(self._calibration.expected_accepted(tree, tree.n_candidates)[-1])
             self._gamble.learn(expected * self.bias(), accepted)
             self._bias.learn(expected, accepted)
-        self._costs.learn(tree.n_candidates, tree.n_lookahead, seconds)
         self._calibration.learn_verified(tree, path)
+
+    @staticmethod
+    def _learn_costs(measurements) -> None:
+        for table, n_candidates, n_lookahead, seconds in measurements:
+            table.learn(n_candidates, n_lookahead, seconds)
 
     def observe_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray) -> None:
         """What the emitted tokens showed of a whole proposal (draftcore.outcomes): `outcome` per

@@ -83,9 +83,14 @@ class CostTable:
         # the estimate: taken whole, it can make the root-only step look dearer than a draft, and the
         # size then chosen instead keeps the root-only step from ever being re-measured.
         costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER)
-        self.largest_measured = max(self.largest_measured, n_candidates)
+        self.tried(n_candidates)
         self._estimates.clear()
         self._own.clear()
+
+    def tried(self, n_candidates: int) -> None:
+        """A tree of `n_candidates` nodes (root included) was verified; its cost may be learnt a
+        step later (draftcore.budget.aftermath), but trees may grow from it now (`reachable`)."""
+        self.largest_measured = max(self.largest_measured, n_candidates)
 
     def forget_estimates(self) -> None:
         """Recompute the guesses on the next read (the prior changed or learnt)."""
