@@ -14,7 +14,7 @@ teaches what a root-only step costs.
     for table, n_candidates, n_lookahead, seconds in after.settle(table, n_c, n_l, seconds, teaches=True):
         table.learn(n_candidates, n_lookahead, seconds)
     after.flush()   # a new request: the pending step, as it was measured
-    after.clean     # whether the step just settled followed no drafted step
+    after.pending   # None: the next step follows no drafted step
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ class Aftermath:
 
     def __init__(self):
         self.pending = None   # (table, n_candidates, n_lookahead, seconds) of the last drafted step
-        self.clean = True     # the last step settled followed no drafted step
 
     def settle(self, table, n_candidates: int, n_lookahead: int, seconds: float, teaches: bool) -> list[tuple]:
         """A step verified `n_candidates` nodes (root included) and `n_lookahead` window nodes in
@@ -37,7 +36,6 @@ class Aftermath:
         learnt = []
         drafted = n_candidates > 1 or n_lookahead > 0
         pending, self.pending = self.pending, None
-        self.clean = pending is None
         if pending is not None:
             if drafted:   # the next tree's time holds this one's aftermath: counted there, as each tree's is
                 learnt.append(pending)
