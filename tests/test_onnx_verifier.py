@@ -151,6 +151,26 @@ def export_2d_mask_graph(model, folder):
     return path
 
 
+def test_the_self_check_allows_tf32_only_where_the_cuda_ep_runs_it(verifier):
+    """The CUDA EP's float32 matmuls run in TF32 by default (on an H200 a correct branch came out
+    1.2e-3 off); the check keeps its float32 bound on the CPU EP and where `use_tf32` is "0"."""
+    from draftcore.adapters.onnx.verifier import self_check_tolerance
+
+    class Session:   # what get_provider_options() returns for a CUDA EP session
+        def __init__(self, **cuda):
+            self.cuda = {"device_id": "0", **cuda}
+
+        def get_provider_options(self):
+            return {"CUDAExecutionProvider": self.cuda, "CPUExecutionProvider": {}}
+
+    cpu = self_check_tolerance(verifier._session, np.float32)
+    assert cpu == 1e-3
+    assert self_check_tolerance(Session(use_tf32="1"), np.float32) == 1e-2
+    assert self_check_tolerance(Session(), np.float32) == 1e-2
+    assert self_check_tolerance(Session(use_tf32="0"), np.float32) == cpu
+    assert self_check_tolerance(Session(use_tf32="1"), np.float16) == 3e-2   # TF32 touches float32 only
+
+
 # ------------------------------------------------------------------ bad input
 
 
