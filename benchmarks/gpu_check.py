@@ -14,9 +14,10 @@ Sections, in this order, each written to OUT/gpu_check.json and OUT/gpu_check.md
               composite with the auto budget; identical outputs, near-ties (the top-2 logit gap of
               plain decoding where an output first differs), and the tree and window sizes the budget
               settles on
-    onnx      ONNX Runtime (CUDA EP on a GPU) with IO binding: plain, tree mode (draftcore's export) and,
-              where onnxruntime-genai is installed, chain mode on its build beside its own n-gram
-              speculation; and the verify cost
+    onnx      ONNX Runtime (CUDA EP on a GPU) with IO binding: plain and tree mode on draftcore's fp32
+              export, and the verify cost
+    onnx chain  where onnxruntime-genai is installed: chain mode on its build (fp16 on CUDA) beside
+              genai's own greedy and n-gram speculation, against plain decoding through that build
     llamacpp  llama.cpp with every layer offloaded (a child process that imports llama_cpp before
               numba: a CUDA build of it crashed where numba's LLVM came first): plain, prompt lookup,
               LlamaCppVerifier with the auto budget, and its cost
@@ -45,11 +46,14 @@ from gpu_stage import STAGE, assemble, staged_prompts  # noqa: E402
 STARTED = time.time()
 HF_METHODS = ("plain", "prompt_lookup", "nodraft", "trie", "composite")
 ONNX_METHODS = ("plain", "nodraft", "trie")
+ONNX_CHAIN_METHODS = ("plain_chain", "genai", "genai_ngram", "chain_nodraft", "chain_trie")
 LLAMACPP_METHODS = ("plain", "prompt_lookup", "trie")
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 # Greedy near-tie bound per dtype on plain decoding's top-2 logit gap: k-token and one-token forwards
 # round differently (docs/design.md, "Numerics"); a first difference above it is a real mismatch.
-NEAR_TIE = {"float32": 1e-2, "bfloat16": 0.5, "float16": 0.1}
+ALL_SECTIONS = "hf,onnx,llamacpp"
+# ONNX Runtime's CUDA EP runs float32 matmuls in TF32 by default: fp16's mantissa, so fp16's bound.
+NEAR_TIE = {"float32": 1e-2, "bfloat16": 0.5, "float16": 0.1, "tf32": 0.1}
 
 
 class Check:
@@ -182,38 +186,67 @@ def hf_section(args, prompts, eos, dtype: str, save) -> dict:
     return section
 
 
-def onnx_section(args, prompts, eos, save) -> dict:
+def _ort_provider(args):
+    """(onnxruntime's provider name for the device, None) or (None, why the section cannot run)."""
     try:
         import onnxruntime as ort
     except ImportError as exc:
-        return {"skipped": f"onnxruntime is not installed ({exc})"}
+        return None, f"onnxruntime is not installed ({exc})"
     provider = "CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"
     if args.device == "cuda" and hasattr(ort, "preload_dlls"):
         ort.preload_dlls()   # the CUDA and cuDNN libraries of the nvidia-* packages torch brought
     if provider not in ort.get_available_providers():
-        return {"skipped": f"onnxruntime {ort.__version__} here has no {provider} (providers: "
-                           f"{ort.get_available_providers()}); the CUDA EP needs onnxruntime-gpu (docs/gpu.md)"}
-    from draftcore.adapters.onnx.builds import genai_build, tree_export
+        return None, (f"onnxruntime {ort.__version__} here has no {provider} (providers: "
+                      f"{ort.get_available_providers()}); the CUDA EP needs onnxruntime-gpu (docs/gpu.md)")
+    return provider, None
+
+
+def onnx_section(args, prompts, eos, save) -> dict:
+    """Tree mode on draftcore's fp32 export, against plain decoding through the same session."""
+    provider, why = _ort_provider(args)
+    if provider is None:
+        return {"skipped": why}
+    from draftcore.adapters.onnx.builds import tree_export
+    from draftcore.tools.backends import onnx
+    folder = _tiny_hf_folder(args) if small_mode(args) else smollm2_folder(args)
+    tree = tree_export(folder, "float32", cache_dir=Path(args.stage) / "cache")
+    models = onnx.OnnxModels(str(folder), str(tree), None, None, [provider], list(eos))
+    outputs = {}
+    methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, list(ONNX_METHODS), eos_token_id=eos)]
+    verifier = methods[ONNX_METHODS.index("trie")].verifier
+    section = {"ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past, args.reps)}
+    bound = NEAR_TIE["tf32" if args.device == "cuda" else "float32"]
+    return _bench(methods, prompts, args, section, save,
+                  lambda records: _divergences(records, outputs, prompts, methods[0].name, _ort_top2_gap(verifier),
+                                               bound))
+
+
+def onnx_chain_section(args, prompts, eos, save) -> dict:
+    """Chain mode on onnxruntime-genai's own build, beside genai's greedy and its n-gram speculation,
+    against plain decoding through the same build. On CUDA the build is fp16, what genai makes for
+    that device: genai 0.18's fp32 CUDA build is not a valid graph (its present.N.key outputs are
+    produced by no node; seen on an H200 and reproduced on the CPU)."""
+    provider, why = _ort_provider(args)
+    if provider is None:
+        return {"skipped": why}
+    from draftcore.adapters.onnx.builds import genai_build
     from draftcore.errors import ConfigError
     from draftcore.tools.backends import onnx
     folder = _tiny_hf_folder(args) if small_mode(args) else smollm2_folder(args)
-    cache = Path(args.stage) / "cache"
-    names = list(ONNX_METHODS)
+    dtype = "float16" if args.device == "cuda" else "float32"
     try:
-        genai_dir = str(genai_build(folder, "float32", execution_provider=args.device, cache_dir=cache))
-        names += ["genai_ngram", "chain_trie"]   # the peer: onnxruntime-genai's own n-gram speculation
-        chain = ""
+        genai = genai_build(folder, dtype, execution_provider=args.device, cache_dir=Path(args.stage) / "cache")
     except ConfigError as exc:
-        genai_dir, chain = None, f"chain mode not run: {exc}"
-    models = onnx.OnnxModels(str(folder), str(tree_export(folder, "float32", cache_dir=cache)), genai_dir, None,
-                             [provider], list(eos))
+        return {"skipped": str(exc)}
+    models = onnx.OnnxModels(str(folder), None, str(genai), None, [provider], list(eos))
     outputs = {}
-    methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, names, eos_token_id=eos)]
-    section = {"ms_by_nodes": verify_cost_ms(methods[names.index("trie")].verifier, SIZES, args.n_past, args.reps)}
-    if chain:
-        section["note"] = chain
+    methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, list(ONNX_CHAIN_METHODS),
+                                                                 eos_token_id=eos)]
+    verifier = methods[ONNX_CHAIN_METHODS.index("chain_trie")].verifier
+    section = {"dtype": dtype, "ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past, args.reps)}
     return _bench(methods, prompts, args, section, save,
-                  lambda records: _divergences(records, outputs, prompts, methods[0].name, None, None))
+                  lambda records: _divergences(records, outputs, prompts, methods[0].name, _ort_top2_gap(verifier),
+                                               NEAR_TIE[dtype]))
 
 
 def llamacpp_section(args) -> dict:
@@ -273,14 +306,16 @@ def verify_cost_ms(verifier, sizes, n_past: int, reps: int, seed: int = 0) -> di
 
     Each sample verifies a fresh random tree, then commits the root alone (as decoding does); the
     verify returns host arrays, so the device's work is done when it returns. Sizes above the
-    verifier's own limit are left out."""
+    verifier's own limit are left out; a verifier of chains only (max_tree_leaves 1) gets chains."""
     from draftcore.tree import DraftTree
     limit = getattr(verifier, "max_tree_nodes", None) or max(sizes)
+    chains_only = getattr(verifier, "max_tree_leaves", None) == 1
     rng = np.random.default_rng(seed)
     table = {}
     for n in (s for s in sizes if s <= limit):
         verifier.prefill(rng.integers(3, verifier.vocab_size, n_past).astype(np.int32))
-        parents = np.r_[-1, [rng.integers(0, i) for i in range(1, n)]].astype(np.int32)
+        parents = (np.arange(-1, n - 1) if chains_only
+                   else np.r_[-1, [rng.integers(0, i) for i in range(1, n)]]).astype(np.int32)
         times = []
         for _ in range(reps + 2):   # two warm-ups
             tree = DraftTree.build(rng.integers(3, verifier.vocab_size, n).astype(np.int32), parents)
@@ -361,6 +396,16 @@ def _divergences(records, outputs, prompts, baseline: str, top2_gap, bound) -> l
             entry.update(top2_gap=gap, near_tie=bool(gap <= bound))
         found.append(entry)
     return found
+
+
+def _ort_top2_gap(verifier):
+    """top2_gap(ids) for _divergences: the gap of the logits after `ids`, through the verifier's session
+    (the plain method's own: it leaves the verifier reset for the next prompt's prefill)."""
+    def top2_gap(ids) -> float:
+        logits = verifier.prefill(np.asarray(ids, np.int32), 1)[1][0]
+        low, high = np.partition(logits, -2)[-2:]
+        return float(high - low)
+    return top2_gap
 
 
 def _hf_top2_gap(model, ids) -> float:
@@ -450,8 +495,11 @@ def report_of(data: dict) -> dict:
                "gpu": env.get("gpu"), "os": "", "python": env.get("python", "?"), "versions": versions}
     command = ("make gpu-check" + (" DEVICE=cpu" if cfg["device"] == "cpu" else "")
                + f"  (benchmarks/gpu_check.py --device {cfg['device']} --model {cfg['model']} --n {cfg['n']} "
-                 f"--max-new-tokens {cfg['max_new_tokens']})")
-    return {"title": f"GPU check: {cfg['model']} on {env.get('gpu') or cfg['device']}", "command": command,
+                 f"--max-new-tokens {cfg['max_new_tokens']}"
+                 + (f" --sections {cfg['sections']}" if cfg.get("sections", ALL_SECTIONS) != ALL_SECTIONS else "")
+                 + ")")
+    parts = "" if cfg.get("sections", ALL_SECTIONS) == ALL_SECTIONS else f" ({cfg['sections']})"
+    return {"title": f"GPU check: {cfg['model']} on {env.get('gpu') or cfg['device']}{parts}", "command": command,
             "date": env.get("date", "unknown"), "machine": machine, "tables": tables}
 
 
@@ -499,7 +547,7 @@ def parse(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 128; small mode 24")
     ap.add_argument("--n-past", type=int, default=None, help="context before a timed verify (default 200; small 32)")
     ap.add_argument("--reps", type=int, default=None, help="timed verifies per size (default 15; small mode 2)")
-    ap.add_argument("--sections", default="hf,onnx,llamacpp")
+    ap.add_argument("--sections", default=ALL_SECTIONS)
     ap.add_argument("--deadline", type=float, default=float("inf"),
                     help="seconds after which no further dataset starts (a run the machine's limit would cut)")
     ap.add_argument("--llamacpp-timeout", type=int, default=300)
@@ -544,6 +592,7 @@ def main(argv=None) -> dict:
                  for dtype in ("float32", "bfloat16")]
     if "onnx" in sections:
         runs.append(("onnx", lambda save: onnx_section(args, prompts, eos, save)))
+        runs.append(("onnx chain", lambda save: onnx_chain_section(args, prompts, eos, save)))
     if "llamacpp" in sections:
         runs.append(("llamacpp", lambda save: llamacpp_section(args)))
     failed = []

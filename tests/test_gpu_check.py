@@ -45,11 +45,12 @@ def small_run(tmp_path_factory):
 def test_small_mode_runs_every_section_of_the_gpu_check(small_run):
     data, out = small_run
     sections = data["sections"]
-    expected = ["env", "hf float32", "hf bfloat16", "onnx", "llamacpp"]
+    expected = ["env", "hf float32", "hf bfloat16", "onnx", "onnx chain", "llamacpp"]
     assert list(sections) == expected
-    installed = {"onnx": importlib.util.find_spec("onnxruntime"), "llamacpp": importlib.util.find_spec("llama_cpp")}
+    installed = {"onnx": importlib.util.find_spec("onnxruntime"), "llamacpp": importlib.util.find_spec("llama_cpp"),
+                 "onnx chain": importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnxruntime_genai")}
     for name in expected[1:]:
-        if name in installed and installed[name] is None:
+        if name in installed and not installed[name]:
             assert "not installed" in sections[name]["skipped"]
             continue
         section = sections[name]
@@ -66,7 +67,7 @@ def test_small_mode_outputs_equal_plain_decoding(small_run):
     """fp32 on the CPU: every method's greedy output is plain decoding's, on every backend; bf16
     may differ only at a near-tie of plain decoding."""
     sections = small_run[0]["sections"]
-    for name in ("hf float32", "onnx", "llamacpp"):
+    for name in ("hf float32", "onnx", "onnx chain", "llamacpp"):
         if "skipped" in sections[name]:
             continue
         assert sections[name]["divergences"] == [], name
@@ -116,3 +117,16 @@ def test_staged_parts_are_joined_only_when_complete_and_intact(tmp_path):
     path, why = gpu_stage.assemble(tmp_path, "m.gguf")
     assert why == "" and path.read_bytes() == data
     assert gpu_stage.assemble(tmp_path, "other.whl")[0] is None
+
+
+def test_the_onnx_top2_gap_is_read_through_the_plain_session():
+    """ONNX's near-tie verdict: the gap between the two largest logits after the ids, from one prefill."""
+    calls = []
+
+    class Verifier:
+        def prefill(self, ids, n_logits):
+            calls.append((ids.dtype, ids.tolist(), n_logits))
+            return np.array([2], np.int32), np.array([[0.5, 3.0, -1.0, 2.75]], np.float32)
+
+    assert gpu_check._ort_top2_gap(Verifier())(np.array([4, 5], np.int64)) == 0.25
+    assert calls == [(np.int32, [4, 5], 1)]
