@@ -53,6 +53,21 @@ def test_speculation_over_a_shared_buffer_equals_plain_greedy(folders, drafter):
     assert accepted > 0   # partial commits happened on the buffer, not only one-token steps
 
 
+def test_genais_fp16_cuda_build_runs_chain_mode_equal_to_its_own_plain_greedy(folders, tmp_path):
+    """The build the GPU check's chain section runs on CUDA (genai makes fp16 for that device; its fp32
+    CUDA build leaves present.N.key produced by no node): made here, run on the CPU EP, with fp16 KV
+    in one shared buffer."""
+    from draftcore.adapters.onnx.builds import genai_build
+    hf, _, _ = folders
+    build = genai_build(hf, "float16", execution_provider="cuda", cache_dir=tmp_path)
+    verifier = OrtVerifier(build, providers=CPU)
+    assert verifier.mode == "chain" and verifier.interface.kv_dtype == np.float16 and verifier.shares_buffer
+    for prompt in PROMPTS:
+        want = plain_greedy(OrtVerifier(build, providers=CPU, share_buffer=False), prompt, 32)
+        result = draftcore.speculate(verifier, np.asarray(prompt, np.int32), max_new_tokens=32, budget=6)
+        np.testing.assert_array_equal(result.tokens, want)
+
+
 def test_the_buffer_grows_past_its_first_size_keeping_its_rows(folders):
     """A 300-token prompt sizes the buffer to 364 rows; 120 more tokens make it grow (a Pad on the
     session's providers) with every row where it was."""
