@@ -101,3 +101,23 @@ def test_speculative_greedy_equals_generate_in_this_dtype(model_and_verifier):
         assert_same_greedy(verifier, prompt, result.tokens, want, tie_tol=TIE_TOLERANCE[verifier.dtype])
         steps, tokens = steps + result.stats.steps, tokens + result.stats.new_tokens
     assert tokens >= 1.2 * steps  # drafts were really accepted in this dtype, not only bonus tokens
+
+
+def test_tf32_matmuls_on_cuda_get_fp16s_bound_and_nothing_else_does():
+    """float32 on CUDA rounds like fp16 once TF32 matmuls are allowed (set_float32_matmul_precision
+    "high" or "medium"); the CPU, and "highest", keep float32's bound."""
+    from draftcore.adapters.torch_hf.selfcheck import tolerance
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert tolerance(torch.float32, torch.device("cuda")) == RELATIVE_TOLERANCE[torch.float32]
+        for precision in ("high", "medium"):
+            torch.set_float32_matmul_precision(precision)
+            assert tolerance(torch.float32, torch.device("cuda")) == RELATIVE_TOLERANCE[torch.float16]
+            assert tolerance(torch.float32, "cuda:0") == RELATIVE_TOLERANCE[torch.float16]
+            assert tolerance(torch.float32, torch.device("cpu")) == RELATIVE_TOLERANCE[torch.float32]
+            assert tolerance(torch.bfloat16, torch.device("cuda")) == RELATIVE_TOLERANCE[torch.bfloat16]
+            assert tolerance(torch.float32) == RELATIVE_TOLERANCE[torch.float32]
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -105,7 +105,7 @@ class HFVerifier:
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
-                                              tolerance(self._dtype), weight_major_rows, packed_linear)
+                                              tolerance(self._dtype, self._device), weight_major_rows, packed_linear)
         # The cache argument's name (`cache` since transformers 5.24) as the forward that verify calls declares it
         self._prefill_cache = kv_cache.cache_keyword(model)
         self._verify_cache = kv_cache.cache_keyword(decoder_of(model) if self._split_head is not None else model)
