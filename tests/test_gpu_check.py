@@ -119,8 +119,8 @@ def test_staged_parts_are_joined_only_when_complete_and_intact(tmp_path):
     assert gpu_stage.assemble(tmp_path, "other.whl")[0] is None
 
 
-def test_the_onnx_top2_gap_is_read_through_the_plain_session():
-    """ONNX's near-tie verdict: the gap between the two largest logits after the ids, from one prefill."""
+def test_the_top2_gap_is_read_through_a_verifier():
+    """ONNX's and llama.cpp's near-tie verdict: the gap between the two largest logits after the ids, from one prefill."""
     calls = []
 
     class Verifier:
@@ -128,5 +128,5 @@ def test_the_onnx_top2_gap_is_read_through_the_plain_session():
             calls.append((ids.dtype, ids.tolist(), n_logits))
             return np.array([2], np.int32), np.array([[0.5, 3.0, -1.0, 2.75]], np.float32)
 
-    assert gpu_check._ort_top2_gap(Verifier())(np.array([4, 5], np.int64)) == 0.25
+    assert gpu_check._top2_gap_through(Verifier())(np.array([4, 5], np.int64)) == 0.25
     assert calls == [(np.int32, [4, 5], 1)]
