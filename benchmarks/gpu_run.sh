@@ -22,6 +22,9 @@ if [ -n "$WHEELS" ]; then
   export PYTHONPATH="$PWD/.gpu/wheel-site:$PYTHONPATH"
 fi
 if [ -d .gpu/llama-site ]; then export PYTHONPATH="$PWD/.gpu/llama-site:$PYTHONPATH"; fi
+# a llama-cpp-python CUDA build links libcudart.so.13 and libcublas.so.13: torch's nvidia-* packages have them
+NVIDIA_LIBS=$(python3 -c "import nvidia, os; print(':'.join(os.path.join(p, 'cu13', 'lib') for p in nvidia.__path__))" 2>/dev/null)
+if [ -n "$NVIDIA_LIBS" ]; then export LD_LIBRARY_PATH="$NVIDIA_LIBS:${LD_LIBRARY_PATH:-}"; fi
 RESULTS="${OUT:-bench_out/gpu}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 case "${1:-}" in

@@ -4,6 +4,7 @@
     python benchmarks/gpu_stage.py                    # SmolLM2: .gpu/a and .gpu/b (ignored by git)
     python benchmarks/gpu_stage.py --onnxruntime-gpu  # and ONNX Runtime's CUDA builds: .gpu/a .. .gpu/f
     python benchmarks/gpu_stage.py --llama-cpp-source # and llama-cpp-python's source: .gpu/a .. .gpu/c
+    python benchmarks/gpu_stage.py --llama-cpp-wheel W  # or its CUDA build made here (gpu_build_llama.sh)
 
 Each transfer carries one part folder (the `carry` of a device call); a part already sent stays on the
 machine between calls (while it is held), in the same ignored folder. The parts hold:
@@ -38,16 +39,21 @@ DATASETS = ("humaneval", "mtbench")
 ORT_GPU = ("onnxruntime-gpu==1.31.1", "onnxruntime-genai-cuda==0.18.0")
 # llama-cpp-python has no CUDA wheel on PyPI: its source, built there with nvcc (gpu_run.sh build-llama)
 LLAMA_CPP_SOURCE = "llama-cpp-python==0.3.36"
+LLAMA_CPP_DEPENDENCY = "diskcache"   # what llama_cpp imports that the GPU machine does not have
 WHEEL_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                   "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 
 
-def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False, llama_cpp_source: bool = False) -> list[Path]:
+def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False, llama_cpp_source: bool = False,
+          llama_cpp_wheel: Path | None = None) -> list[Path]:
     """Write the part folders under `folder` (n prompts per dataset, the warm-up one included);
-    return them in the order they are to be sent."""
+    return them in the order they are to be sent. `llama_cpp_wheel`: a CUDA build of
+    llama-cpp-python made here (gpu_build_llama.sh), staged with the one dependency the machine lacks."""
     from draftcore.adapters.torch_hf.smollm2 import load_smollm2_tokenizer, packaged_gguf
     from draftcore.tools.backends.prompts import load_prompts
 
+    if llama_cpp_wheel is not None:
+        llama_cpp_wheel = checked_llama_cpp_wheel(llama_cpp_wheel)
     shutil.rmtree(folder, ignore_errors=True)
     first = folder / "a"
     first.mkdir(parents=True)
@@ -66,6 +72,10 @@ def stage(folder: Path = STAGE, n: int = 11, onnxruntime_gpu: bool = False, llam
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
                         "-d", str(sources), LLAMA_CPP_SOURCE], check=True)
         files += sorted(sources.glob("*.tar.gz"))
+    if llama_cpp_wheel is not None:
+        wheels = folder / "wheels"
+        _download(wheels, [f"{LLAMA_CPP_DEPENDENCY}==" + _version(LLAMA_CPP_DEPENDENCY)])
+        files += [*sorted(wheels.glob("diskcache-*.whl")), llama_cpp_wheel]
     parts, manifest = [first], {"files": []}
     room = PART_BYTES - sum(f.stat().st_size for f in first.iterdir())
     for path in files:
@@ -121,6 +131,16 @@ def staged_prompts(folder: Path = STAGE) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def checked_llama_cpp_wheel(path) -> Path:
+    """`path` as a Path, if it is a llama-cpp-python wheel; ConfigError naming it otherwise."""
+    from draftcore.errors import ConfigError
+    wheel = Path(path)
+    if not wheel.is_file() or not wheel.name.startswith("llama_cpp_python-") or wheel.suffix != ".whl":
+        raise ConfigError(f"--llama-cpp-wheel: expected a llama_cpp_python-*.whl file (benchmarks/gpu_build_llama.sh "
+                          f"makes one), got {str(path)!r}")
+    return wheel
+
+
 def _version(package: str) -> str:
     from importlib import metadata
     return metadata.version(package)
@@ -148,6 +168,8 @@ def main():
     ap.add_argument("--onnxruntime-gpu", action="store_true", help=f"stage {' and '.join(ORT_GPU)} too (for the ONNX section)")
     ap.add_argument("--llama-cpp-source", action="store_true",
                     help=f"stage {LLAMA_CPP_SOURCE}'s source too (built with CUDA there: gpu_run.sh build-llama)")
+    ap.add_argument("--llama-cpp-wheel", type=Path, default=None,
+                    help="stage this CUDA build of llama-cpp-python (made here by gpu_build_llama.sh) instead of its source")
     ap.add_argument("--assembled-source", action="store_true",
                     help="on the machine: join the staged llama-cpp-python source once all its parts arrived; print its path")
     ap.add_argument("--assembled-wheels", action="store_true",
@@ -156,7 +178,7 @@ def main():
     if args.assembled_wheels or args.assembled_source:
         _print_assembled(".whl" if args.assembled_wheels else ".tar.gz")
         return
-    for part in stage(STAGE, args.n, args.onnxruntime_gpu, args.llama_cpp_source):
+    for part in stage(STAGE, args.n, args.onnxruntime_gpu, args.llama_cpp_source, args.llama_cpp_wheel):
         size = sum(f.stat().st_size for f in part.iterdir())
         print(f"{part.relative_to(ROOT)}: {size / 2**20:.1f} MiB ({', '.join(sorted(f.name for f in part.iterdir()))})")
     print("carry one part per device call, .gpu/a first (docs/gpu.md)")

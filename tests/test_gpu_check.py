@@ -130,3 +130,15 @@ def test_the_top2_gap_is_read_through_a_verifier():
 
     assert gpu_check._top2_gap_through(Verifier())(np.array([4, 5], np.int64)) == 0.25
     assert calls == [(np.int32, [4, 5], 1)]
+
+
+def test_only_a_llama_cpp_python_wheel_is_staged_as_one(tmp_path):
+    from draftcore.errors import ConfigError
+    wheel = tmp_path / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    wheel.write_bytes(b"PK")
+    assert gpu_stage.checked_llama_cpp_wheel(str(wheel)) == wheel
+    for bad in (tmp_path / "missing.whl", tmp_path / "llama_cpp_python-0.3.36.tar.gz", tmp_path):
+        if bad.suffix == ".gz":
+            bad.write_bytes(b"")
+        with pytest.raises(ConfigError, match="--llama-cpp-wheel: expected a llama_cpp_python-"):
+            gpu_stage.checked_llama_cpp_wheel(bad)
