@@ -49,9 +49,9 @@ ONNX_METHODS = ("plain", "nodraft", "trie")
 ONNX_CHAIN_METHODS = ("plain_chain", "genai", "genai_ngram", "chain_nodraft", "chain_trie")
 LLAMACPP_METHODS = ("plain", "prompt_lookup", "trie")
 SIZES = (1, 2, 4, 8, 16, 32, 64)
+ALL_SECTIONS = "hf,onnx,llamacpp"
 # Greedy near-tie bound per dtype on plain decoding's top-2 logit gap: k-token and one-token forwards
 # round differently (docs/design.md, "Numerics"); a first difference above it is a real mismatch.
-ALL_SECTIONS = "hf,onnx,llamacpp"
 # ONNX Runtime's CUDA EP runs float32 matmuls in TF32 by default: fp16's mantissa, so fp16's bound.
 # llama.cpp on quantized weights: its batch kernels differ from its one-token ones (docs/design.md,
 # "Numerics": up to 1.5).
@@ -213,14 +213,8 @@ def onnx_section(args, prompts, eos, save) -> dict:
     folder = _tiny_hf_folder(args) if small_mode(args) else smollm2_folder(args)
     tree = tree_export(folder, "float32", cache_dir=Path(args.stage) / "cache")
     models = onnx.OnnxModels(str(folder), str(tree), None, None, [provider], list(eos))
-    outputs = {}
-    methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, list(ONNX_METHODS), eos_token_id=eos)]
-    verifier = methods[ONNX_METHODS.index("trie")].verifier
-    section = {"ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past, args.reps)}
-    bound = NEAR_TIE["tf32" if args.device == "cuda" else "float32"]
-    return _bench(methods, prompts, args, section, save,
-                  lambda records: _divergences(records, outputs, prompts, methods[0].name, _top2_gap_through(verifier),
-                                               bound))
+    return _ort_bench(models, ONNX_METHODS, "trie", NEAR_TIE["tf32" if args.device == "cuda" else "float32"], {},
+                      args, prompts, eos, save)
 
 
 def onnx_chain_section(args, prompts, eos, save) -> dict:
@@ -241,14 +235,21 @@ def onnx_chain_section(args, prompts, eos, save) -> dict:
     except ConfigError as exc:
         return {"skipped": str(exc)}
     models = onnx.OnnxModels(str(folder), None, str(genai), None, [provider], list(eos))
+    return _ort_bench(models, ONNX_CHAIN_METHODS, "chain_trie", NEAR_TIE[dtype], {"dtype": dtype},
+                      args, prompts, eos, save)
+
+
+def _ort_bench(models, names, timed: str, bound: float, section: dict, args, prompts, eos, save) -> dict:
+    """The ONNX methods `names` side by side (the first is the baseline), after the verify cost of
+    method `timed`'s verifier, whose session also gives the top-2 gaps of outputs that differ."""
+    from draftcore.tools.backends import onnx
     outputs = {}
-    methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, list(ONNX_CHAIN_METHODS),
-                                                                 eos_token_id=eos)]
-    verifier = methods[ONNX_CHAIN_METHODS.index("chain_trie")].verifier
-    section = {"dtype": dtype, "ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past, args.reps)}
+    methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, list(names), eos_token_id=eos)]
+    verifier = methods[names.index(timed)].verifier
+    section["ms_by_nodes"] = verify_cost_ms(verifier, SIZES, args.n_past, args.reps)
     return _bench(methods, prompts, args, section, save,
                   lambda records: _divergences(records, outputs, prompts, methods[0].name, _top2_gap_through(verifier),
-                                               NEAR_TIE[dtype]))
+                                               bound))
 
 
 def llamacpp_section(args) -> dict:
