@@ -16,6 +16,7 @@ import numpy as np
 
 from _common import TRACES, TRACES_EOS, write_json
 
+from draftcore import CostAwareBudget
 from draftcore.tools.cost_model import COST_TABLES, CostModel
 from draftcore.tools.replay import replay
 from draftcore.tools.report import make_report, show_table
@@ -29,7 +30,9 @@ def main():
                              "separated by ';'")
     parser.add_argument("--traces", nargs="+", default=[TRACES], help="JSONL trace files (.gz allowed)")
     parser.add_argument("--eos", type=int, default=TRACES_EOS)
-    parser.add_argument("--policies", default="fixed 4,fixed 8,fixed 16,fixed 64,auto")
+    parser.add_argument("--policies", default="fixed 4,fixed 8,fixed 16,fixed 64,auto",
+                        help="'fixed N', 'auto' (the library's default budget), or 'auto NAME=VALUE ...': a "
+                             "CostAwareBudget with those settings, e.g. 'auto max_loss=inf'")
     parser.add_argument("--fresh", type=int, default=0, metavar="N",
                         help="replay the first N traces of each dataset alone, each on a fresh verifier")
     args = parser.parse_args()
@@ -41,11 +44,11 @@ def main():
     for spec in args.costs.split(";" if ":" in args.costs else ","):
         cost = CostModel.named(spec)
         for policy in args.policies.split(","):
-            budget = None if policy == "auto" else int(policy.split()[-1])
+            budget = budget_factory(policy)
             cells = [cost.name, policy]
             for name, subset in by_dataset.items():
                 if args.fresh:
-                    speedups = np.array([next(iter(replay([trace], budget=budget, cost=cost,
+                    speedups = np.array([next(iter(replay([trace], budget=budget(), cost=cost,
                                                           eos_token_id=args.eos).values())).speedup
                                          for trace in subset[:args.fresh]])
                     below = int((speedups < 0.95).sum())
@@ -54,7 +57,7 @@ def main():
                     records.append({"cost": cost.name, "policy": policy, "dataset": name, "fresh": True,
                                     "speedups": speedups.tolist()})
                     continue
-                (summary,) = replay(subset, budget=budget, cost=cost, eos_token_id=args.eos).values()
+                (summary,) = replay(subset, budget=budget(), cost=cost, eos_token_id=args.eos).values()
                 cells.append(f"{summary.speedup:.2f}x ({summary.tokens_per_step:.2f})")
                 records.append({"cost": cost.name, "policy": policy, "dataset": name,
                                 "simulated_speedup": summary.speedup, "tokens_per_step": summary.tokens_per_step})
@@ -65,6 +68,20 @@ def main():
     shown = show_table("", header, rows)
     report = make_report("Simulated speedup of draft-budget policies (replayed traces, measured cost tables)", [shown])
     print("wrote", write_json("budget_sim.json", report, records=records))
+
+
+def budget_factory(policy: str):
+    """A callable making a fresh budget for one replay: None (the library's default auto budget), an
+    int (fixed), or a CostAwareBudget with the settings named after 'auto'."""
+    name, *settings = policy.split()
+    if name == "fixed":
+        return lambda: int(settings[0])
+    if name != "auto":
+        raise SystemExit(f"--policies: expected 'fixed N' or 'auto [NAME=VALUE ...]', got {policy!r}")
+    if not settings:
+        return lambda: None
+    options = {key: int(value) if value.isdigit() else float(value) for key, value in (s.split("=", 1) for s in settings)}
+    return lambda: CostAwareBudget(**options)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ budget runs:
     pausing.py      PauseTrials    whether drafting pays at all: the draft and pause arms
     idle.py         IdleSkipping   skip asking a drafter that keeps drafting nothing, where asking costs
     aftermath.py    Aftermath      a drafted step's cost includes what it leaves for the next step
+    floor.py        FloorGuard     a request verifies only the trees whose worst case its slack affords
     lookahead.py    window_pays    whether a lookahead window rides along; LookaheadProbe
 
 docs/budget.md gives the measurements behind each rule.
@@ -32,6 +33,7 @@ from .calibration import Calibration
 from .corrections import Correction
 from .contexts import ContextCosts
 from .explore import HOPELESS, Explorer
+from .floor import FloorGuard
 from .idle import IdleSkipping
 from .lookahead import LookaheadProbe, window_pays
 from .pausing import PauseTrials
@@ -61,12 +63,15 @@ class CostAwareBudget:
         idle_cost        0.02     skip those only while asking the drafter costs more than this
                                   share of a root-only step
         trial_steps      16       steps a trial of drafting lasts (a trial of pausing: 4; 0: never pause)
+        max_loss         0.02     share of a request's plain decoding time its drafting may lose,
+                                  beyond one root-only step: a tree is verified only if, accepting
+                                  nothing, it keeps the request within that (floor.py; inf: no limit)
     """
 
     def __init__(self, max_nodes: int = 64, smoothing: float = 0.2, optimism: float = 0.05,
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
                  window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16, idle_skip: int = 3,
-                 idle_cost: float = 0.02):
+                 idle_cost: float = 0.02, max_loss: float = 0.02):
         # Asked of the drafter every step, and its rank table is sized by it: a tree of more nodes than
         # one verify can hold is refused (validate.max_tree_nodes), not allocated for.
         self.max_nodes = tree_size("max_nodes", max_nodes, minimum=1)
@@ -82,6 +87,7 @@ class CostAwareBudget:
         self.trial_steps = positive_int("trial_steps", trial_steps, minimum=0)
         self.idle_skip = positive_int("idle_skip", idle_skip, minimum=0)
         self.idle_cost = positive_float("idle_cost", idle_cost, minimum=0.0, inclusive=True)
+        self.max_loss = cost_or_inf("max_loss", max_loss)
         self._step = 0   # steps observed
         self._contexts = ContextCosts(self.max_nodes + 1, self.smoothing, self.optimism)
         self.sizes = self._costs.sizes   # candidate-tree sizes (nodes, root included)
@@ -96,6 +102,7 @@ class CostAwareBudget:
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
         self._lookahead = LookaheadProbe()
         self._aftermath = Aftermath()
+        self._guard = FloorGuard(self.max_loss)
         self._next_n_past = -1   # the context the next step of the same sequence starts from
 
     @property
@@ -113,6 +120,7 @@ class CostAwareBudget:
             raise InputError(f"n_past: expected the number of cached tokens, an int >= 0, got {n_past!r}")
         if n_past != self._next_n_past:   # another sequence: nothing of the last one follows its last step
             self._learn_costs(self._aftermath.flush())
+            self._guard.new_request()
         self._contexts.at(n_past)
         self._next_n_past = int(n_past)
 
@@ -131,11 +139,15 @@ class CostAwareBudget:
         if not self._costs.root_measured(tree.n_lookahead):
             return 0  # first measure what a step without candidates costs
         sizes, value = self._values(tree, n_draft, self.bias() * self.gamble_correction())
-        best = int(np.argmax(value))
         # A proposal whose best draft is worth less than half of no draft says the drafter has
         # nothing here: the next step verifies the root without asking it.
         hopeless = sizes.shape[0] > 1 and value[1:].max() < HOPELESS * value[0]
-        best = self._explore.pick(self._step, best, value)
+        # A tree the request cannot afford is not verified; priced against the same step without
+        # candidates (a window is kept or dropped by its own rule, window_cost)
+        estimates = self._costs.estimated(tree.n_lookahead)[:sizes.shape[0]]
+        if estimates[0] > 0:   # a clock that never advanced prices nothing
+            value = np.where(self._guard.affordable(estimates / estimates[0]), value, 0.0)
+        best = self._explore.pick(self._step, int(np.argmax(value)), value)
         return self._skipping.after_choice(int(sizes[best]) - 1, hopeless)
 
     def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
@@ -163,6 +175,11 @@ class CostAwareBudget:
         # request's steps grow dearer as its context grows, and a pause trial late in a long
         # request must not lose to drafting steps measured early in it, or win against them.
         drafting = self._trials.end_step(self._step, path.shape[0], seconds / self._contexts.unit())
+        without_candidates = float(self._costs.estimated(tree.n_lookahead)[0])
+        if without_candidates > 0:
+            self._guard.learn(path.shape[0], seconds / without_candidates,
+                              self._costs.cost(tree.n_candidates, tree.n_lookahead) / without_candidates
+                              if tree.n_candidates > 1 else None)
         # A paused step teaches no cost of its own (nothing drafted), but shows what the drafted step
         # before it left behind (aftermath.py).
         self._learn_costs(self._aftermath.settle(self._costs, tree.n_candidates, tree.n_lookahead, seconds,
