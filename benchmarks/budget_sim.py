@@ -80,7 +80,8 @@ def budget_factory(policy: str):
         raise SystemExit(f"--policies: expected 'fixed N' or 'auto [NAME=VALUE ...]', got {policy!r}")
     if not settings:
         return lambda: None
-    options = {key: int(value) if value.isdigit() else float(value) for key, value in (s.split("=", 1) for s in settings)}
+    pairs = (setting.split("=", 1) for setting in settings)
+    options = {key: int(value) if value.isdigit() else float(value) for key, value in pairs}
     return lambda: CostAwareBudget(**options)
 
 

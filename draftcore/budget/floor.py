@@ -14,8 +14,8 @@ a root-only step counted at its estimate (so it adds `max_loss`), a drafted step
 seconds; a request starts with one root-only step of slack, or what the requests before it earned
 (at most four). A tree is verified only if its worst case, nothing accepted (one token for the tree's
 estimated cost), keeps the slack at or above zero. Where drafting pays, each accepted token adds a
-root-only step of slack, and the guard stops nothing; on a GPU, where a tree costs about what the
-root does, its worst case costs almost nothing. What it stops is a tree whose loss the request has
+root-only step of slack, and the guard stops no tree that pays; on a GPU, where a tree costs about
+what the root does, its worst case costs almost nothing. What it stops is a tree whose loss the request has
 not earned: on llama.cpp CPU's cost shape, a fresh budget's first requests lost 5-15 % to
 exploring trees of 2 to 16 nodes. The guarantee is on the estimates: a tree dearer than its guess
 can take the slack below zero, and then no tree runs until the request has earned it back. The
