@@ -5,9 +5,10 @@ Where drafting does not pay, draftcore must not be slower than the user's own de
 machine and at any context length. Each prompt asks for a summary of a slice of Python's reference
 documentation (pydoc_data, in the standard library) cut to the context length; every method runs
 every prompt, interleaved, after one short warm-up run each (with --rounds, every prompt that many
-times, each round afresh, keeping each prompt's median round). Per (backend, context): median tok/s,
-the median and lowest per-prompt ratio to plain, the prompts below 0.95x, tokens per step and
-identical outputs; then the machine and the kernel choices each verifier made.
+times, each round afresh and its methods' order rotated by one, keeping each prompt's median round).
+Per (backend, context): median tok/s, the median and lowest per-prompt ratio to plain, the prompts
+below 0.95x, tokens per step and identical outputs; then the machine and the kernel choices each
+verifier made.
 
     .venv/bin/python benchmarks/floor.py                      # hf, llamacpp, onnx; 100,1000,3000; 3 prompts
     .venv/bin/python benchmarks/floor.py --backends hf --contexts 100,1000 --n 2 --new 32

@@ -83,6 +83,24 @@ def test_rounds_report_each_runs_median_round_and_start_every_dataset_afresh():
         run_benchmark([plain], prompts, 8, rounds=0)
 
 
+def test_rounds_rotate_the_order_methods_run_in_and_keep_the_first_as_reference():
+    """Round r runs each prompt's methods rotated by r (no method always runs right after another),
+    records them in the given order, and checks outputs against the first method's run, whichever
+    position it ran in: a method that differs from it is not identical in any round."""
+    calls = []
+    methods = [_fake_method("plain", 0.02), _fake_method("fast", 0.01), _fake_method("wrong", 0.01, corrupt_at=1)]
+    for m in methods:
+        inner = m.run
+        m.run = (lambda inner, name: lambda p, n: (calls.append(name), inner(p, n))[1])(inner, m.name)
+    records = run_benchmark(methods, [Prompt("d", 0, np.array([1], np.int32))], 4, warmup=0, rounds=3)
+    assert calls == ["plain", "fast", "wrong", "fast", "wrong", "plain", "wrong", "plain", "fast"]
+    assert [r["method"] for r in records] == ["plain", "fast", "wrong"]
+    by = {r["method"]: r for r in records}
+    assert by["fast"]["identical_by_round"] == [True, True, True]
+    assert by["wrong"]["identical_by_round"] == [False, False, False]
+    assert by["plain"]["identical"] is True
+
+
 def test_each_round_restarts_the_bare_calls_session():
     """The bare call keeps its session's trie across prompts and datasets (what a user gets), but a
     new round must not draft from the previous round's outputs: each round restarts it."""

@@ -175,18 +175,23 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], max_new_
     rounds: how many times the whole prompt list is run. Each round starts afresh (`Method.restart`,
     then `Method.reset` at every dataset), so a method that learns from past outputs never sees a
     prompt's output before generating it, and every round does the same work; only the machine's
-    noise differs. A record is then the round of median speed of that method on that prompt (the
-    lower median when `rounds` is even), with every round's tokens/s (and identical output) beside
-    it; its output counts as identical only if it was in every round.
+    noise differs. Round r runs each prompt's methods in order rotated by r (round 1: the second
+    method first): a method that always ran right after another (a baseline always right after the
+    previous prompt's largest trees, on a shared session or cache) would carry what that leaves
+    behind into every round. A record is then the round of median speed of that method on that
+    prompt (the lower median when `rounds` is even), with every round's tokens/s (and identical
+    output) beside it; its output counts as identical only if it was in every round.
     """
     rounds = positive_int("rounds", rounds)
-    by_round = [_run_round(methods, prompts, max_new_tokens, warmup, progress) for _ in range(rounds)]
+    by_round = [_run_round(methods, prompts, max_new_tokens, warmup, progress, shift=r) for r in range(rounds)]
     return [_median_round(runs) for runs in zip(*by_round)] if rounds > 1 else by_round[0]
 
 
-def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress) -> list[dict]:
+def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress, shift: int = 0) -> list[dict]:
+    """One round: every prompt, its methods run in order rotated by `shift`, recorded in `methods` order."""
     for method in methods:
         method.restart()
+    order = [(shift + i) % len(methods) for i in range(len(methods))]
     records = []
     seen: dict[str, int] = {}
     for prompt in prompts:
@@ -194,11 +199,10 @@ def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress) -> 
         if seen[prompt.dataset] == 1:
             for method in methods:
                 method.reset()
-        reference = None
+        runs = {i: methods[i].run(prompt.ids, max_new_tokens) for i in order}
+        reference = None if methods[0].sampled else runs[0].tokens
         for i, method in enumerate(methods):
-            run = method.run(prompt.ids, max_new_tokens)
-            if i == 0 and not method.sampled:
-                reference = run.tokens
+            run = runs[i]
             if seen[prompt.dataset] <= warmup:
                 continue
             n = run.tokens.shape[0]
