@@ -356,7 +356,7 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
     packed by default and refused when True; a bad value is a ConfigError."""
     model = tiny_models["sdpa"]
     first, second = HFVerifier(model, packed_linear=True), HFVerifier(model, packed_linear=True)
-    assert first.packed_linear and first.weight_major_rows in (0, 1, 2, 4, 8)   # the split is measured
+    assert first.packed_linear and first.weight_major_rows in (0, 1, 2, 4, 8, 16)   # the split is measured
     assert HFVerifier(model, packed_linear=True, weight_major_rows=3).weight_major_rows == 3   # or given
     assert first._split_head.packed is second._split_head.packed   # one copy of the weights per model
     assert not HFVerifier(model, packed_linear=False).packed_linear
@@ -394,9 +394,10 @@ def test_packed_linear_by_default_only_where_the_copies_fit_in_memory(tiny_model
 
 
 # Planted medians (ms) of the decoder + head by (tokens, way): _packed_plan's choices follow them.
-_SLOW_MEMORY = {1: (58, 50, 51), 2: (70, 41, 50), 4: (75, 60, 52), 8: (80, 70, 53)}   # torch, W @ x.T, packed
-_PACKED_EVERYWHERE = {1: (27, 26, 21), 2: (40, 24, 22), 4: (45, 30, 23), 8: (55, 40, 28)}
-_PACKED_TIES = {1: (58, 50, 52), 2: (70, 41, 43), 4: (75, 60, 58), 8: (80, 70, 69)}
+_SLOW_MEMORY = {1: (58, 50, 51), 2: (70, 41, 50), 4: (75, 60, 52), 8: (80, 70, 53),   # torch, W @ x.T, packed
+                16: (95, 90, 60)}
+_PACKED_EVERYWHERE = {1: (27, 26, 21), 2: (40, 24, 22), 4: (45, 30, 23), 8: (55, 40, 28), 16: (80, 60, 40)}
+_PACKED_TIES = {1: (58, 50, 52), 2: (70, 41, 43), 4: (75, 60, 58), 8: (80, 70, 69), 16: (95, 90, 88)}
 
 
 @pytest.mark.parametrize("table,weight_major_rows,forced,want", [
@@ -405,7 +406,8 @@ _PACKED_TIES = {1: (58, 50, 52), 2: (70, 41, 43), 4: (75, 60, 58), 8: (80, 70, 6
     (_PACKED_TIES, None, False, None),      # no 10 % gained over W @ x.T: the copies are not worth it
     (_PACKED_TIES, None, True, 2),          # asked for: packed, split where it is cheapest
     (_SLOW_MEMORY, 4, False, 4),            # a given split is kept; packing still pays above it
-    (_SLOW_MEMORY, 8, False, None),         # nothing left to pack among the measured sizes
+    (_SLOW_MEMORY, 8, False, 8),            # 8 given: packing still pays at 16
+    (_SLOW_MEMORY, 16, False, None),        # nothing left to pack among the measured sizes
     (_SLOW_MEMORY, 0, False, 0),            # W @ x.T off: packed against torch's Linear alone
 ])
 def test_packed_plan_splits_by_measured_time(tiny_models, monkeypatch, table, weight_major_rows, forced, want):
