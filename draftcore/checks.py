@@ -96,7 +96,7 @@ def check_node_results(result, n_nodes: int, n_logits: int, vocab_size: int, whe
     if n_logits and not np.isfinite(logits.max(axis=1)).all():
         # one reduction: NaN, +inf and an all -inf row all show in the row maxima
         raise BackendError(f"{where}: logits contain NaN or +inf, or a row with no finite logit")
-    return tokens.astype(np.int32, copy=False), logits
+    return np.ascontiguousarray(tokens, np.int32), logits   # contiguous: drafters' kernels take C arrays
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,17 @@ class StepDrafting:
     def __init__(self, request, policy, limits):
         self.request, self.policy, self.limits = request, policy, limits
         self.update, self.finish = request.update, request.finish
-        observe = getattr(request, "observe", None)
-        self.observe = observe if callable(observe) else _ignore
         # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
         self._trusted = getattr(request, "returns_valid_trees", False) is True
+        observe = getattr(request, "observe", None)
+        self.observe = observe if callable(observe) else _ignore
+        # What the loop passes to observe is valid by construction (its own tree of a trusted
+        # proposal, the tokens check_node_results passed, the acceptance rule's checked path), so a
+        # trusted request that offers it skips its own check: ~25 µs of every step, 0.2 % of a
+        # llama.cpp CPU step, spent on a root-only tree it learns nothing from.
+        observe_checked = getattr(request, "observe_checked", None)
+        if self._trusted and callable(observe) and callable(observe_checked):
+            self.observe = observe_checked
         # A request that can leave its lookahead window out is told when the policy wants none.
         self._lookahead_optional = getattr(request, "lookahead_optional", False) is True
         wants = getattr(policy, "wants_lookahead", None)

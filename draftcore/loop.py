@@ -118,7 +118,9 @@ def _decode(verifier, drafter, policy, call: Call, lifetime):
         policy.observe(tree, path, timer.step_seconds())
         stats.record_step(tree, path.shape[0] - 1, timer.laps["drafting"], timer.laps["verifying"],
                           timer.laps["accepting"])
-        emitted = np.append(tree.tokens[path[1:]], np.int32(next_token))
+        emitted = np.empty(path.shape[0], np.int32)   # the accepted candidates, then the model's next token
+        emitted[:-1] = tree.tokens[path[1:]]
+        emitted[-1] = next_token
     stats.time_total = timer.since_start()
     tokens = context.tokens[context.n_prompt:context.n].copy()
     text = verifier.decode(tokens) if call.was_text and callable(getattr(verifier, "decode", None)) else None

@@ -337,6 +337,19 @@ def test_a_size_never_measured_is_guessed_from_the_cost_growth_measured_below_it
     assert one.cost(8) == pytest.approx(1.0 + 0.05 * 7)
 
 
+def test_the_root_estimate_is_the_estimates_first_entry_measured_or_guessed():
+    """root_estimate skips guessing the other sizes; it must read what `estimated` would."""
+    from draftcore.budget.costs import CostTable
+
+    table = CostTable(largest=65, smoothing=0.2, optimism=0.05)
+    table.learn(3, 0, 2.0)                                       # the root itself never measured
+    assert table.root_estimate(0) == pytest.approx(float(table.estimated(0)[0]))
+    table.learn(1, 0, 1.5)
+    table.learn(1, 0, 1.0)
+    assert table.root_estimate(0) == float(table.estimated(0)[0]) == pytest.approx(0.8 * 1.5 + 0.2 * 1.0)
+    assert table.root_estimate(2) == pytest.approx(float(table.estimated(2)[0]))   # a window never measured
+
+
 def test_trial_steps_zero_never_pauses():
     policy = CostAwareBudget(trial_steps=0, idle_skip=0)
     assert all(drive_with_pauses(policy, 1000, n_accepted=0))

@@ -182,6 +182,35 @@ def test_a_drafter_without_observe_is_unaffected():
     check_result(result, *expected_output(model, [4, 5, 6], 30))
 
 
+@pytest.mark.parametrize("trusted", [True, False])
+def test_only_a_trusted_request_gets_the_loops_arguments_unchecked(trusted):
+    """The loop's tree, tokens and path are valid by construction, so draftcore's own requests
+    (returns_valid_trees) take them through observe_checked; any other request's observe is called,
+    and checks them itself."""
+    from draftcore.drafting import StepDrafting
+
+    calls = []
+
+    class Request:
+        returns_valid_trees = trusted
+
+        def update(self, tokens):
+            pass
+
+        def finish(self):
+            pass
+
+        def observe(self, tree, node_tokens, path):
+            calls.append("observe")
+
+        def observe_checked(self, tree, node_tokens, path):
+            calls.append("observe_checked")
+
+    drafting = StepDrafting(Request(), FixedBudget(0), None)
+    drafting.observe(DraftTree.root_only(3), np.array([4], np.int32), np.zeros(1, np.int32))
+    assert calls == ["observe_checked" if trusted else "observe"]
+
+
 OBSERVING_DRAFTERS = {
     "trie": lambda: TrieDrafter(token_limit=16, learn_from_model=True),
     "ngram": lambda: draftcore.NGramDrafter(),

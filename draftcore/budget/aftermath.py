@@ -40,7 +40,7 @@ class Aftermath:
             if drafted:   # the next tree's time holds this one's aftermath: counted there, as each tree's is
                 learnt.append(pending)
             else:
-                root = float(table.estimated(0)[0])
+                root = table.root_estimate(0)
                 extra = seconds - root if not math.isnan(root) else 0.0
                 p_table, p_candidates, p_lookahead, p_seconds = pending
                 # signed: a noisy root-only step must not bias every tree's cost upwards

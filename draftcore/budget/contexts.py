@@ -56,7 +56,7 @@ class ContextCosts:
         (measured, else from its prior). Only drafting steps teach it (draftcore.budget.pausing:
         paused steps teach no cost): learnt from both arms, it would move with the arm that runs,
         by the few percent the arms are compared on."""
-        return float(self.current.estimated(0)[0])
+        return self.current.root_estimate(0)
 
     def by_bucket(self) -> dict[str, list[float]]:
         """Measured seconds per menu size (NaN: never), without windows, per bucket (for reports)."""

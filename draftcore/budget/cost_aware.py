@@ -175,7 +175,7 @@ class CostAwareBudget:
         # request's steps grow dearer as its context grows, and a pause trial late in a long
         # request must not lose to drafting steps measured early in it, or win against them.
         drafting = self._trials.end_step(self._step, path.shape[0], seconds / self._contexts.unit())
-        without_candidates = float(self._costs.estimated(tree.n_lookahead)[0])
+        without_candidates = self._costs.root_estimate(tree.n_lookahead)
         if without_candidates > 0:
             self._guard.learn(path.shape[0], seconds / without_candidates,
                               self._costs.cost(tree.n_candidates, tree.n_lookahead) / without_candidates

@@ -121,6 +121,14 @@ class CostTable:
             estimate = self._estimates[n_lookahead] = self._guess(n_lookahead)
         return estimate
 
+    def root_estimate(self, n_lookahead: int) -> float:
+        """`estimated(n_lookahead)[0]`, without guessing the other sizes where the root-only step
+        was measured: a root-only step learns its cost every step and so clears the guesses, and
+        the budget reads this entry on every step, paused or not (redoing `_guess` there cost
+        ~0.1 ms of a llama.cpp CPU step)."""
+        seconds = self.table(n_lookahead)[0]
+        return float(seconds) if not math.isnan(seconds) else float(self.estimated(n_lookahead)[0])
+
     def own_estimates(self, n_lookahead: int) -> np.ndarray:
         """`estimated` without the prior: what this table lends a table that leans on it (priors
         may lean on each other; lending only its own keeps that from recursing)."""

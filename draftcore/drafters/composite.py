@@ -229,7 +229,10 @@ class CompositeRequest:
 
     def observe(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
         # checked once, before a kernel indexes with them and before any source has learnt from them
-        node_tokens, path = check_observation(tree, node_tokens, path)
+        self.observe_checked(tree, *check_observation(tree, node_tokens, path))
+
+    def observe_checked(self, tree: DraftTree, node_tokens: np.ndarray, path: np.ndarray) -> None:
+        """`observe` with the arguments `check_observation` returned (the decode loop's own)."""
         m = tree.n_candidates   # the policy may have verified only the best m - 1 candidates
         if not self._from_outcomes and self._proposed is not None and 1 < m <= self._sources.shape[0]:
             source, score_bin, index = self._proposed
