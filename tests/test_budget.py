@@ -236,11 +236,18 @@ def test_bad_adaptation_settings_are_refused(kwargs):
         CostAwareBudget(**kwargs)
 
 
+def arms_only(**kwargs) -> CostAwareBudget:
+    """A budget whose drafting steps all ask the drafter: no idle skipping (a run of proposals that
+    draft nothing would skip steps inside the drafting arm) and no floor guard (a request that lost
+    a tree is not asked again until it affords the next): the two arms alone."""
+    return CostAwareBudget(idle_skip=0, max_loss=float("inf"), **kwargs)
+
+
 def drive_with_pauses(policy, steps: int, n_accepted: int, drafting_seconds: float = 0.1, cost=cost_of) -> list:
     """Like `drive`, asking request_size first: a paused step (size 0) verifies the root alone and
     pays no drafting; a drafting step pays `drafting_seconds` on top of its verify. Returns, per
-    step, whether it drafted. `cost`: seconds of a verify by its nodes. (The tests of the two arms build their budgets with idle_skip=0: a
-    run of proposals that draft nothing would otherwise skip steps inside the drafting arm too.)"""
+    step, whether it drafted. `cost`: seconds of a verify by its nodes. (The tests of the two arms
+    build their budgets with `arms_only`.)"""
     drafted = []
     for _ in range(steps):
         if policy.request_size() == 0:
@@ -268,7 +275,7 @@ def test_drafting_pauses_where_it_does_not_pay_and_resumes_where_it_does():
     """On HF CPU's cost shape. (On COST, whose 4 nodes cost less than 2, a budget that learnt while
     idle that nothing is accepted measures 2 nodes only, too dear to win a trial: it resumed only
     while its first tree was 4 nodes; docs/budget.md, "Trees grow by doubling".)"""
-    policy = CostAwareBudget(idle_skip=0)
+    policy = arms_only()
     idle = drive_with_pauses(policy, 3000, n_accepted=0, cost=hf_cpu_cost)
     assert not policy.drafting_pays
     assert sum(idle[1500:]) <= 0.05 * 1500, sum(idle[1500:])   # only the trials still draft
@@ -283,7 +290,7 @@ def test_drafting_pauses_where_it_does_not_pay_and_resumes_where_it_does():
 
 
 def test_drafting_that_pays_is_never_paused_for_long():
-    policy = CostAwareBudget(idle_skip=0)
+    policy = arms_only()
     drafted = drive_with_pauses(policy, 3000, n_accepted=3)
     assert sum(drafted) >= 0.98 * 3000, 3000 - sum(drafted)   # the pause trials, a few steps each
 
@@ -291,7 +298,7 @@ def test_drafting_that_pays_is_never_paused_for_long():
 def test_a_close_call_keeps_drafting():
     """Pausing must beat drafting by a margin, twice running: where drafting's overhead only just
     outweighs what it gains, drafting goes on (a burst missed while paused would cost more)."""
-    policy = CostAwareBudget(idle_skip=0)
+    policy = arms_only()
     # 1 token per 1.03 s drafting (overhead 0.03, nothing accepted) against 1 token per 1 s paused
     drafted = drive_with_pauses(policy, 2000, n_accepted=0, drafting_seconds=0.03)
     assert policy.drafting_pays and sum(drafted) >= 0.95 * 2000
@@ -302,7 +309,7 @@ def test_a_trial_pausing_won_is_confirmed_soon():
     pausing wins a trial against that long a drafting record, the confirming trial comes
     `trial_every` steps later instead of after the backed-off interval (up to 16 x 64 steps), so
     pausing takes over sooner (948 drafted steps of the next 2500; backed off: 1572)."""
-    policy = CostAwareBudget(idle_skip=0)
+    policy = arms_only()
     drive_with_pauses(policy, 1500, n_accepted=0, drafting_seconds=0.03)
     assert policy.drafting_pays
     drafted = drive_with_pauses(policy, 2500, n_accepted=0, drafting_seconds=0.2)
@@ -312,7 +319,7 @@ def test_a_trial_pausing_won_is_confirmed_soon():
 def test_a_first_trial_lost_while_drafting_still_learns_is_not_confirmed_at_once():
     """The first trial (step 64) meets a drafting record of 32 steps spent learning sizes: a pause
     win there is confirmed only after the backed-off interval, as before (switch at step ~196)."""
-    policy = CostAwareBudget(idle_skip=0)
+    policy = arms_only()
     drafted = drive_with_pauses(policy, 260, n_accepted=0, drafting_seconds=0.1)
     assert all(drafted[70:190]) and not any(drafted[200:260]), (drafted.index(False, 69))
 
@@ -351,7 +358,7 @@ def test_the_root_estimate_is_the_estimates_first_entry_measured_or_guessed():
 
 
 def test_trial_steps_zero_never_pauses():
-    policy = CostAwareBudget(trial_steps=0, idle_skip=0)
+    policy = arms_only(trial_steps=0)
     assert all(drive_with_pauses(policy, 1000, n_accepted=0))
 
 

@@ -70,6 +70,34 @@ def test_a_request_whose_drafts_are_never_accepted_loses_at_most_its_slack():
     assert losses[float("inf")] > losses[max_loss], (losses, trees)
 
 
+def test_a_request_that_affords_no_tree_does_not_ask_the_drafter():
+    """Where the guard affords no drafted tree, `choose` could only pick the root, so the step asks
+    the drafter for nothing (request_size 0): on llama.cpp CPU's shape, after one lost tree, for
+    most of a 64-step request. It changes no choice: a twin budget that is always asked, fed the
+    same steps, picks the root alone at every step the other skipped, and the same size elsewhere."""
+    policy = CostAwareBudget(idle_skip=0)   # no idle skipping: every step it skips is the guard's
+    twin = CostAwareBudget(idle_skip=0)
+    twin._affords_a_tree = lambda: True
+    asked = skipped = 0
+    for step in range(64):
+        proposal = chain(64, 0.95)
+        for budget in (policy, twin):
+            budget.at_context(100 + step)
+        assert twin.request_size() > 0
+        if policy.request_size() == 0:
+            skipped += 1
+            assert twin.choose(proposal) == 0, step
+            verified = DraftTree.root_only(7)
+        else:
+            asked += 1
+            k = policy.choose(proposal)
+            assert twin.choose(proposal) == k, step
+            verified = proposal.with_candidates(k)
+        for budget in (policy, twin):
+            budget.observe(verified, np.zeros(1, np.int32), each_node_a_step(len(verified)))
+    assert skipped >= 40 and asked >= 2, (asked, skipped)
+
+
 def test_first_requests_replayed_on_llama_cpp_cpu_costs_stay_above_the_floor():
     """The recorded SmolLM2 outputs (benchmarks/data), each replayed alone on a fresh verifier under
     llama.cpp CPU's measured cost table: no first request falls below 0.95x plain decoding. Without

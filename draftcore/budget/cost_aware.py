@@ -127,9 +127,23 @@ class CostAwareBudget:
     def request_size(self) -> int:
         self._skipping.asked = False
         drafting = self._trials.start_step(self._step)
-        if drafting and self._skipping.skip():
+        if drafting and (self._skipping.skip() or not self._affords_a_tree()):
             return 0
         return self.max_nodes if drafting else 0
+
+    def _affords_a_tree(self) -> bool:
+        """Whether the floor guard affords the smallest drafted tree this step. Where it does not,
+        `choose` could only verify the root, so the drafter is not asked: on llama.cpp CPU, where a
+        second node costs about a root-only step, a request that lost one tree waits ~50 tokens to
+        afford the next, and asking every one of them cost 0.5 ms of a 15 ms step."""
+        if not self._costs.root_measured(0):
+            return True
+        estimates = self._costs.estimated(0)
+        if not estimates[0] > 0:   # a clock that never advanced prices nothing
+            return True
+        # every size a tree may reach, not only 2 nodes: a step's cost need not grow with its size
+        reach = self._costs.reachable()
+        return bool(self._guard.affordable(estimates[:reach] / estimates[0])[1:].any())
 
     def choose(self, tree: DraftTree) -> int:
         self._skipping.asked = True
