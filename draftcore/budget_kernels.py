@@ -66,9 +66,46 @@ def learn_outcomes(offered, accepted, probability, cells, outcome, verified, par
     return expected[k], float(hits)
 
 
+@nb.njit(cache=True)
+def measured_growth(known, sizes):
+    """CostTable._measured_growth (draftcore.budget.costs, which says why) in one call: per menu
+    entry, a guess from the cost growth measured around it, NaN where none is. known: float64[n]
+    seconds per menu size, NaN where never measured; sizes: int64[n] the menu. Entries below the
+    first measured size, and every entry while fewer than two are measured, are NaN. It runs on
+    every drafting step (a root-only step's cost changes the guesses): a dozen numpy calls cost
+    ~0.1 ms of a llama.cpp CPU step."""
+    n = known.shape[0]
+    guess = np.full(n, np.nan)
+    measured = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        if not np.isnan(known[i]):
+            measured[m] = i
+            m += 1
+    if m < 2:
+        return guess
+    first = measured[0]
+    below = -1   # position in `measured` of the last measured entry at or below e
+    for e in range(n):
+        while below + 1 < m and measured[below + 1] <= e:
+            below += 1
+        if below < 0:
+            continue
+        j = measured[below]
+        if below + 1 < m:   # between two measured sizes: the local slope
+            k = measured[below + 1]
+            slope = (known[k] - known[j]) / (sizes[k] - sizes[j])
+        else:               # above the largest: the slope from the smallest measured up to it
+            slope = (known[j] - known[first]) / (sizes[j] - sizes[first])
+        slope = max(slope, 0.0)
+        guess[e] = known[j] + 0.5 * slope * (sizes[e] - sizes[j])
+    return guess
+
+
 def warm_up() -> None:
     parents = np.array([-1, 0, 0, 1], np.int32)
     expected_accepted(np.array([1.0, 0.5, 0.5, 0.9]), parents, 4)
     counts = np.ones(4)
     learn_outcomes(counts, counts * 0.5, counts * 0.5, np.arange(4), np.array([1, 1, 0, -1], np.int8), 0,
                    parents, 4, np.array([1, 2, 3, 4]), np.ones(4))
+    measured_growth(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64))

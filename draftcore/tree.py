@@ -211,7 +211,8 @@ class DraftTree:
 def score_bins_of(scores: np.ndarray, n_bins: int) -> np.ndarray:
     """int64 bin (0 .. n_bins - 1) of each score: the rule `DraftTree.score_bins` applies, for
     scores gathered from several trees (the composite drafter)."""
-    return np.clip((scores * n_bins).astype(np.int64), 0, n_bins - 1)
+    # minimum(maximum()) rather than np.clip: the same ints, without clip's ~10 µs of Python per call
+    return np.minimum(np.maximum((scores * n_bins).astype(np.int64), 0), n_bins - 1)
 
 
 def _score_vector(value, n: int) -> np.ndarray:

@@ -19,6 +19,7 @@ keeping heaps and child lists, and share nothing with draftcore but the document
                              would pick on the calibration alone
     naive_count_verified     the composite's calibration counts from one verified tree
     naive_count_outcomes     the composite's calibration counts from what the emitted tokens settle
+    naive_measured_growth    the auto budget's guess of a size's cost from the growth measured around it
 """
 from __future__ import annotations
 
@@ -681,3 +682,25 @@ def naive_count_outcomes(offered, accepted, prior_offered, prior_accepted, keep:
             offered[s][b] += 1.0
             accepted[s][b] += float(outcome[node])
     return offered, accepted
+
+
+def naive_measured_growth(known, sizes) -> list:
+    """Per menu entry e (known[e]: seconds, NaN where never measured): NaN unless two sizes are
+    measured and one at or below e is; else the cost of j, the largest measured entry at or below e,
+    plus half the slope (never negative) to the next measured entry above j, or, with none above,
+    from the smallest measured entry up to j, times the nodes from j's size to e's."""
+    measured = [i for i, seconds in enumerate(known) if not math.isnan(seconds)]
+    if len(measured) < 2:
+        return [math.nan] * len(known)
+    guess = []
+    for e in range(len(known)):
+        at_or_below = [i for i in measured if i <= e]
+        if not at_or_below:
+            guess.append(math.nan)
+            continue
+        j = at_or_below[-1]
+        above = [i for i in measured if i > j]
+        a, b = (j, above[0]) if above else (measured[0], j)
+        slope = max((known[b] - known[a]) / (sizes[b] - sizes[a]), 0.0)
+        guess.append(known[j] + 0.5 * slope * (sizes[e] - sizes[j]))
+    return guess

@@ -16,7 +16,7 @@ from draftcore.errors import ConfigError
 from draftcore.jit import kernels
 from draftcore.protocols import BudgetPolicy
 from draftcore.validate import max_tree_nodes
-from naive import naive_learn_outcomes
+from naive import naive_learn_outcomes, naive_measured_growth
 
 # seconds per verify by tree size: 3 nodes cost more than 4 (as MKL's small matrix kernels do)
 COST = {1: 1.0, 2: 1.6, 3: 1.9, 4: 1.3, 5: 1.35, 6: 1.4, 8: 1.6, 12: 1.9, 16: 2.3, 24: 3.0, 32: 3.8,
@@ -495,3 +495,19 @@ def test_learn_outcomes_matches_its_naive_twin(seed):
         assert offered.tolist() == want_offered and accepted.tolist() == want_accepted
         assert probability.tolist() == want_probability
         assert got[1] == want[1] and got[0] == pytest.approx(want[0], rel=1e-12, abs=1e-12), (got, want)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_measured_growth_matches_its_naive_twin(seed):
+    """budget_kernels.measured_growth against naive_measured_growth: random menus and tables, from
+    none to every size measured, costs that grow, stay flat or fall."""
+    K = kernels("draftcore.budget_kernels")
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        sizes = menu(int(rng.integers(1, 70)))
+        known = np.cumsum(rng.normal(0.3, 0.5, sizes.shape[0])) + 5.0
+        known[rng.random(sizes.shape[0]) < rng.random()] = np.nan
+        got = K.measured_growth(known, sizes)
+        want = naive_measured_growth(known.tolist(), sizes.tolist())
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, equal_nan=True)

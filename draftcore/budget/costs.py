@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from ..jit import kernels
+
 OUTLIER = 2.0   # a step's seconds count as at most this times its size's estimate
 FIRST_REACH = 2  # nodes a tree may have before any bigger than the root was measured
 
@@ -193,22 +195,4 @@ class CostTable:
         its guess, and one big tree measured left each size between it and the root to be tried in
         turn (llama.cpp: 15, then 11, then 7 nodes on a 100-token request); a GPU, where a node adds
         almost nothing, had them guessed too dear and stopped growing its trees."""
-        measured = np.flatnonzero(~np.isnan(known))
-        guess = np.full(len(known), np.nan)
-        if measured.size < 2:
-            return guess
-        entries = np.arange(len(known))
-        below = np.searchsorted(measured, entries, side="right") - 1   # last measured at or below
-        has_below = below >= 0
-        j = measured[np.maximum(below, 0)]
-        above = np.minimum(below + 1, measured.size - 1)
-        k = measured[above]
-        first = measured[0]
-        between = has_below & (below + 1 < measured.size)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            local = (known[k] - known[j]) / (self.sizes[k] - self.sizes[j])
-            overall = (known[j] - known[first]) / (self.sizes[j] - self.sizes[first])
-        slope = np.maximum(np.where(between, local, overall), 0.0)
-        value = known[j] + 0.5 * slope * (self.sizes - self.sizes[j])
-        guess[has_below] = value[has_below]
-        return guess
+        return kernels("draftcore.budget_kernels").measured_growth(known, self.sizes)
