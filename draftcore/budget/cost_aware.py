@@ -132,10 +132,11 @@ class CostAwareBudget:
         return self.max_nodes if drafting else 0
 
     def _affords_a_tree(self) -> bool:
-        """Whether the floor guard affords the smallest drafted tree this step. Where it does not,
-        `choose` could only verify the root, so the drafter is not asked: on llama.cpp CPU, where a
-        second node costs about a root-only step, a request that lost one tree waits ~50 tokens to
-        afford the next, and asking every one of them cost 0.5 ms of a 15 ms step."""
+        """Whether the floor guard affords a drafted tree of any size the budget may reach this
+        step. Where it does not, `choose` could only verify the root, so the drafter is not asked:
+        on llama.cpp CPU, where a second node costs about a root-only step, a request that lost one
+        tree waits ~50 tokens to afford the next, and asking at each of them cost ~0.4 ms of a
+        15-20 ms step (docs/budget.md, "The floor per request")."""
         if not self._costs.root_measured(0):
             return True
         estimates = self._costs.estimated(0)
