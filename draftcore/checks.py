@@ -4,6 +4,7 @@
                                           (defined with the tree, draftcore.tree)
     check_n_logits(n_logits, tree)        how many leading rows of logits a verify returns
     check_path(path, tree)                a root-first parent chain of the last verified tree
+    check_token(name, token, vocab_size)  one token id (Verifier.advance's argument and result)
     check_observation(tree, tokens, path) what a drafter's observe() is given (a caller may call it too)
     check_node_results(...)               what a verifier returned (the loop's check of a backend)
     VerifierLimits.of(verifier)           the protocol's attributes, the optional ones included
@@ -33,6 +34,14 @@ def check_n_logits(n_logits, n_nodes: int) -> int:
         raise InputError(f"n_logits: expected an int in [0, {n_nodes}] (rows of logits to return for a "
                          f"{n_nodes}-node call), got {describe(n_logits)}")
     return int(n_logits)
+
+
+def check_token(name: str, token, vocab_size: int, error=InputError) -> int:
+    """`token` as an int id in [0, vocab_size), or `error` naming `name` (one token, checked in
+    Python: a numpy reduction would cost more than the one-token step it guards)."""
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < vocab_size:
+        raise error(f"{name}: expected a token id in [0, {vocab_size}), got {describe(token)}")
+    return int(token)
 
 
 def check_path(path, tree: DraftTree) -> np.ndarray:

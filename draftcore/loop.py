@@ -6,6 +6,7 @@
       tokens, logits = verifier.verify(tree, n_logits)    one forward over every node, tree-masked
       path, next     = rule.accept(tree, tokens, logits)  longest agreed root-to-candidate path + one model token
       verifier.commit(path)                               the path's KV is kept, every other node's dropped
+                                                          (a root-only greedy step: verifier.advance(t), both in one)
       drafting.observe(tree, tokens, path)                the model's token at EVERY node (if the request asks)
       policy.observe(tree, path, seconds)                 what the step cost, what was accepted
       emit path[1:] tokens + next; t = next
@@ -26,10 +27,10 @@ import numpy as np
 
 from .budget import as_budget_policy
 from .call import Call
-from .checks import check_node_results
+from .checks import check_node_results, check_token
 from .claims import BUDGET_ADVICE, DRAFTER_ADVICE, VERIFIER_ADVICE, Claim, serves_many
 from .drafting import StepDrafting
-from .errors import ConfigError, describe
+from .errors import BackendError, ConfigError, describe
 from .outcomes import ProposalOutcomes
 from .result import SpeculateResult, SpeculateStats
 from .text import IncrementalText
@@ -80,6 +81,9 @@ def _decode(verifier, drafter, policy, call: Call, lifetime):
     drafting = StepDrafting(lifetime.start(drafter, call.prompt), policy, limits)
     outcomes = ProposalOutcomes.of(policy)
     rule.start(call.prompt)
+    advance = getattr(verifier, "advance", None)
+    advance = advance if callable(advance) else None
+    no_logits = np.empty((0, limits.vocab_size), np.float32)
     tokens, logits = check_node_results(verifier.prefill(call.prompt, rule.prefill_logits), 1, rule.prefill_logits,
                                         limits.vocab_size, "verifier.prefill")
     emitted = np.array([rule.first(tokens, logits)], np.int32)
@@ -104,11 +108,18 @@ def _decode(verifier, drafter, policy, call: Call, lifetime):
         outcomes.add(proposal, tree.n_draft, context.n)
         timer.lap("drafting")
         n_logits = rule.n_logits(tree)
-        tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits,
-                                            limits.vocab_size, "verifier.verify")
-        timer.lap("verifying")
-        path, next_token = rule.accept(tree, tokens, logits)
-        verifier.commit(path)
+        if advance is not None and n_logits == 0 and len(tree) == 1:
+            # A root-only step that reads no logits: the verifier's fused verify + commit.
+            tokens = np.array([check_token("verifier.advance() returned", advance(int(tree.tokens[0])),
+                                           limits.vocab_size, BackendError)], np.int32)
+            timer.lap("verifying")
+            path, next_token = rule.accept(tree, tokens, no_logits)
+        else:
+            tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits,
+                                                limits.vocab_size, "verifier.verify")
+            timer.lap("verifying")
+            path, next_token = rule.accept(tree, tokens, logits)
+            verifier.commit(path)
         timer.lap("accepting")
         drafting.observe(tree, tokens, path)
         timer.lap("drafting")

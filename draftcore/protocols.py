@@ -11,6 +11,12 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
     Verifier.max_tree_leaves  int   most leaves one tree may have (llama.cpp: n_seq_max - 1); default none
     Verifier.encode(text)     -> int32[T]   both present: `speculate` accepts and returns text
     Verifier.decode(ids)      -> str
+    Verifier.advance(token)   -> int   verify(DraftTree.root_only(token)) + commit([0]) in one call,
+                                       returning that verify's token: the loop takes it for every
+                                       root-only step that reads no logits (budget 0, a pause), where
+                                       a backend's one-token path costs less host time than the tree
+                                       protocol (llama.cpp). A wrapper that overrides verify or commit
+                                       and forwards other attributes must override advance too.
     DraftRequest.observe(tree, node_tokens, path)  feedback from every verify (below)
     DraftRequest.returns_valid_trees  bool  True: `speculate` skips its check of the trees
                                             (draftcore's own drafters build them valid)

@@ -300,6 +300,55 @@ def test_commit_many_steps_keeps_only_the_path(verifier, reference):
         np.testing.assert_allclose(logits[node], want, atol=ATOL, rtol=0)
 
 
+def test_advance_is_a_root_only_verify_and_its_commit(verifier):
+    """advance(t) leaves the cache as verify(root_only(t)) + commit([0]) does, and returns that
+    verify's token: the same llama_decode, bit for bit (the next tree's logits are equal); a tree
+    left pending by verify is dropped first, as a second verify would drop it."""
+    prompt = np.array(PROMPTS[0], np.int32)
+
+    def run(step):
+        root = int(verifier.prefill(prompt)[0][0])
+        tokens = []
+        for i in range(12):
+            if i == 5:
+                verifier.verify(DraftTree.build([root, 3, 4], [-1, 0, 0]))   # left pending
+            root = step(root)
+            tokens.append(root)
+            assert_committed_only(verifier, len(prompt) + i + 1)
+        return tokens, verifier.verify(DraftTree.chain(root, [7, 8]), 3)[1]
+
+    def verify_and_commit(root):
+        token = int(verifier.verify(DraftTree.root_only(root))[0][0])
+        verifier.commit(np.zeros(1, np.int32))
+        return token
+
+    want_tokens, want_logits = run(verify_and_commit)
+    got_tokens, got_logits = run(verifier.advance)
+    assert got_tokens == want_tokens
+    np.testing.assert_array_equal(got_logits, want_logits)
+
+
+def test_advance_refuses_bad_input_and_changes_nothing(tiny):
+    fresh = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=64, n_seq_max=3, n_threads=1)
+    with pytest.raises(InputError, match="^advance: no sequence started"):
+        fresh.advance(5)
+    n_ctx = fresh.max_context
+    root = int(fresh.prefill(np.arange(n_ctx - 2, dtype=np.int32) % VOCAB)[0][0])
+    fresh.verify(DraftTree.build([root, 3], [-1, 0]))   # refused calls below must leave it pending
+    for bad in (VOCAB, -1, 2.0, True, "5", None, np.int64(VOCAB)):
+        with pytest.raises(InputError, match=rf"^token: expected a token id in \[0, {VOCAB}\), got"):
+            fresh.advance(bad)
+    assert fresh.n_past == n_ctx - 2
+    fresh.commit(np.array([0, 1], np.int32))             # the pending tree survived every refusal
+    with pytest.raises(InputError, match=f"^advance: the context holds max_context={n_ctx} tokens"):
+        fresh.advance(root)
+    assert fresh.n_past == n_ctx
+    assert_committed_only(fresh, n_ctx)
+    fresh.close()
+    with pytest.raises(InputError, match="^advance: this verifier was closed"):
+        fresh.advance(1)
+
+
 def test_chain_verify_uses_sequence_zero(verifier, reference):
     from draftcore.protocols import Verifier
     assert isinstance(verifier, Verifier)

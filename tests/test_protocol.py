@@ -445,6 +445,61 @@ def test_with_candidates_keeps_the_window_and_renumbers_it():
         DraftTree(tree.tokens, tree.parents, tree.depths, None, len(tree)).check()
 
 
+# -- the one-token path -------------------------------------------------------------------------------------
+class AdvancingVerifier(SpyVerifier):
+    """A verifier with the optional fused one-token step, `advance(token)`; `wrong` plants a bug in it
+    (the next token shifted by one, or out of the vocabulary) that the loop must not pass on."""
+
+    def __init__(self, model, wrong=None, **kw):
+        super().__init__(model, **kw)
+        self.wrong, self.advanced = wrong, []
+
+    def advance(self, token):
+        tokens, _ = ToyVerifier.verify(self, DraftTree.root_only(token))
+        ToyVerifier.commit(self, np.zeros(1, np.int32))
+        self.advanced.append(token)
+        token = int(tokens[0])
+        if self.wrong == "shifted":
+            return (token + 1) % self.vocab_size
+        return token + self.vocab_size if self.wrong == "outside" else token
+
+
+@pytest.mark.parametrize("budget", [0, 3, "auto"])
+def test_root_only_greedy_steps_take_the_verifiers_advance(budget):
+    """Every root-only step of a greedy call goes through `advance` (verify + commit in one), every
+    other step through verify and commit; the output is plain greedy's either way."""
+    model = ToyModel(vocab_size=24, seed=5)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 3
+    verifier = AdvancingVerifier(model)
+    result = draftcore.speculate(verifier, prompt, max_new_tokens=50, budget=budget)
+    assert result.tokens.tolist() == model.greedy(prompt, 50).tolist()
+    assert len(verifier.advanced) + len(verifier.verified) == result.stats.steps - 1
+    assert len(verifier.committed) == len(verifier.verified)
+    assert all(len(tree) > 1 for tree, _, _ in verifier.verified)
+    assert len(verifier.advanced) == result.stats.budget_hist.get(0, 0) > 0
+    if budget == 0:
+        assert not verifier.verified
+
+
+def test_a_sampled_call_never_takes_advance_it_needs_the_logits():
+    model = ToyModel(vocab_size=24, seed=5)
+    verifier = AdvancingVerifier(model)
+    draftcore.speculate(verifier, [3, 1, 4, 1, 5], max_new_tokens=20, budget=0,
+                        sampling=dict(temperature=0.7, seed=1))
+    assert not verifier.advanced and len(verifier.verified) == 19
+
+
+def test_a_wrong_advance_is_caught():
+    """A planted bug in advance: a token outside the vocabulary is a BackendError naming it; a wrong
+    token in range is what the output comparison above would catch (the same check, made to fail)."""
+    model = ToyModel(vocab_size=24, seed=5)
+    prompt = [3, 1, 4, 1, 5]
+    with pytest.raises(draftcore.BackendError, match=r"verifier\.advance\(\) returned: expected a token id in \[0, 24\)"):
+        draftcore.speculate(AdvancingVerifier(model, wrong="outside"), prompt, max_new_tokens=10, budget=0)
+    shifted = draftcore.speculate(AdvancingVerifier(model, wrong="shifted"), prompt, max_new_tokens=10, budget=0)
+    assert shifted.tokens.tolist() != model.greedy(prompt, 10).tolist()
+
+
 # -- backend limits -------------------------------------------------------------------------------------
 class LimitedVerifier(SpyVerifier):
     def __init__(self, model, max_tree_nodes=None, max_tree_leaves=None, **kw):

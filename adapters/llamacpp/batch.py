@@ -64,6 +64,12 @@ class Batch:
         if outputs == "last":
             self.logits[n - 1] = 1
 
+    def set_one(self, token: int, pos: int) -> None:
+        """set_chain of one token with its logits, without the numpy calls a chain's slices take."""
+        self.raw.n_tokens = 1
+        self.token[0], self.pos[0], self.n_seq_id[0], self.logits[0] = token, pos, 1, 1
+        self.seq_id[0][0] = 0
+
     def set_tree(self, tokens: np.ndarray, depths: np.ndarray, membership: np.ndarray, n_past: int) -> None:
         """Every tree node at n_past + depth, tagged with seq ids 1 + (leaves below it); all output."""
         n = tokens.shape[0]
