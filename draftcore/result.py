@@ -58,7 +58,10 @@ class SpeculateStats:
         self.steps += 1
         self.drafted_tokens += tree.n_draft
         self.lookahead_nodes += tree.n_lookahead
-        add_histogram(self.accepted_hist, [0] * n_accepted + [1])
+        hist = self.accepted_hist
+        if len(hist) <= n_accepted:
+            hist.extend([0] * (n_accepted + 1 - len(hist)))
+        hist[n_accepted] += 1
         self.budget_hist[tree.n_draft] = self.budget_hist.get(tree.n_draft, 0) + 1
         self.time_drafting += drafting
         self.time_verifying += verifying

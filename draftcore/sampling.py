@@ -198,6 +198,8 @@ class GreedyRule:
         return int(tokens[0])
 
     def accept(self, tree, tokens, logits) -> tuple[np.ndarray, int]:
+        if tree.tokens.shape[0] == 1:   # a root-only step (no draft, a pause): no walk to take
+            return _checked_walk(np.zeros(1, np.int32), tokens[0], tree)
         return _checked_walk(*self._accept(tree.tokens, tree.parents, tokens, tree.n_candidates), tree)
 
 
