@@ -68,7 +68,7 @@ def learn_outcomes(offered, accepted, probability, cells, outcome, verified, par
 
 @nb.njit(cache=True)
 def measured_growth(known, sizes):
-    """CostTable._measured_growth (draftcore.budget.costs, which says why) in one call: per menu
+    """The guess CostTable._guess makes from measured growth (draftcore.budget.costs, which says why): per menu
     entry, a guess from the cost growth measured around it, NaN where none is. known: float64[n]
     seconds per menu size, NaN where never measured; sizes: int64[n] the menu. Entries below the
     first measured size, and every entry while fewer than two are measured, are NaN. It runs on
@@ -102,6 +102,55 @@ def measured_growth(known, sizes):
     return guess
 
 
+@nb.njit(cache=True)
+def guessed_costs(known, sizes, base, optimism, n_lookahead):
+    """CostTable._guess without a prior, in one call: `known` (NaN: never measured) with each NaN
+    entry guessed from the growth measured around it (`measured_growth`), else optimistically:
+    `base` growing by `optimism` per node beyond a root-only tree (CostTable._optimistic_base)."""
+    growth = measured_growth(known, sizes)
+    out = known.copy()
+    for e in range(known.shape[0]):
+        if np.isnan(out[e]):
+            if np.isnan(growth[e]):
+                out[e] = base * (1.0 + optimism * (sizes[e] + n_lookahead - 1.0))
+            else:
+                out[e] = growth[e]
+    return out
+
+
+@nb.njit(cache=True)
+def fade_counts(offered, accepted, prior_offered, prior_accepted, keep, probability):
+    """Calibration.learn_verified's fade, in place and in one call: every cell's counts move towards
+    the prior (count = prior + keep * (count - prior)) and `probability` (flat) is refreshed; the
+    same arithmetic, in the same order, as the numpy expressions it replaces, on every drafting step."""
+    n_bins, n_ranks = offered.shape
+    for b in range(n_bins):
+        for k in range(n_ranks):
+            po, pa = prior_offered[b, k], prior_accepted[b, k]
+            offered[b, k] = po + keep * (offered[b, k] - po)
+            accepted[b, k] = pa + keep * (accepted[b, k] - pa)
+            probability[b * n_ranks + k] = accepted[b, k] / offered[b, k]
+
+
+@nb.njit(cache=True)
+def calibration_cells(scores, depths, m, n_bins, rank_bucket, n_ranks):
+    """int64[m]: the calibration cell (score bin * n_ranks + rank bucket) of a tree's first m nodes,
+    as Calibration.cells computes it from DraftTree.score_bins, in one call: a score's bin is
+    int(score * n_bins) clamped to [0, n_bins - 1], the product taken in the scores' own precision
+    (float32, as numpy multiplies them) so that every bin edge falls where it does there; a tree
+    without scores (`scores` empty) has 0.5 ** depth, in float64."""
+    out = np.empty(m, np.int64)
+    n_bins_f32 = np.float32(n_bins)
+    for i in range(m):
+        if scores.shape[0]:
+            b = np.int64(scores[i] * n_bins_f32)
+        else:
+            b = np.int64(0.5 ** np.float64(depths[i]) * n_bins)
+        b = min(max(b, 0), n_bins - 1)
+        out[i] = b * n_ranks + rank_bucket[i]
+    return out
+
+
 def warm_up() -> None:
     parents = np.array([-1, 0, 0, 1], np.int32)
     expected_accepted(np.array([1.0, 0.5, 0.5, 0.9]), parents, 4)
@@ -109,3 +158,9 @@ def warm_up() -> None:
     learn_outcomes(counts, counts * 0.5, counts * 0.5, np.arange(4), np.array([1, 1, 0, -1], np.int8), 0,
                    parents, 4, np.array([1, 2, 3, 4]), np.ones(4))
     measured_growth(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64))
+    guessed_costs(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64), 1.0, 0.05, 0)
+    table = np.ones((2, 3))
+    fade_counts(table.copy(), table * 0.5, table, table * 0.5, 0.9, np.empty(6))
+    rank_bucket = np.zeros(4, np.int64)
+    calibration_cells(np.ones(4, np.float32), parents, 4, 20, rank_bucket, 6)
+    calibration_cells(np.empty(0, np.float32), parents, 4, 20, rank_bucket, 6)

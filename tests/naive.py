@@ -20,6 +20,7 @@ keeping heaps and child lists, and share nothing with draftcore but the document
     naive_count_verified     the composite's calibration counts from one verified tree
     naive_count_outcomes     the composite's calibration counts from what the emitted tokens settle
     naive_measured_growth    the auto budget's guess of a size's cost from the growth measured around it
+    naive_cost_estimates     every menu size's cost as the auto budget's table guesses it (no prior)
 """
 from __future__ import annotations
 
@@ -704,3 +705,25 @@ def naive_measured_growth(known, sizes) -> list:
         slope = max((known[b] - known[a]) / (sizes[b] - sizes[a]), 0.0)
         guess.append(known[j] + 0.5 * slope * (sizes[e] - sizes[j]))
     return guess
+
+
+def naive_cost_estimates(measured: dict, sizes, optimism: float, n_lookahead: int) -> list:
+    """The cost table's estimates with `n_lookahead` lookahead nodes, from its tables `measured`
+    ({window: seconds per menu size, NaN: never measured}) and no prior: a measured size its own
+    cost; an unmeasured one its measured-growth guess (naive_measured_growth), else the cheapest
+    of the steps with the fewest nodes measured in any window, scaled from its nodes to the size's
+    at `optimism` per node beyond a root-only tree."""
+    known = list(measured.get(n_lookahead, [math.nan] * len(sizes)))
+    growth = naive_measured_growth(known, sizes)
+    firsts = []   # (nodes beyond a root-only tree, seconds) of each window's smallest measured size
+    for window, table in measured.items():
+        for i, seconds in enumerate(table):
+            if not math.isnan(seconds):
+                firsts.append((float(sizes[i]) + window - 1.0, float(seconds)))
+                break
+    base = 1.0
+    if firsts:
+        extra, seconds = min(firsts)
+        base = seconds / (1.0 + optimism * extra)
+    return [known[e] if not math.isnan(known[e]) else growth[e] if not math.isnan(growth[e])
+            else base * (1.0 + optimism * (float(sizes[e]) + n_lookahead - 1.0)) for e in range(len(sizes))]

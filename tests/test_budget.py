@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from draftcore import CostAwareBudget, DraftTree
 from draftcore.budget import FixedBudget, LookaheadProbe
-from draftcore.budget.calibration import RANKS
-from draftcore.budget.costs import menu
+from draftcore.budget.calibration import BINS, RANKS, Calibration, rank_buckets
+from draftcore.budget.costs import CostTable, menu
 from draftcore.errors import ConfigError
 from draftcore.jit import kernels
 from draftcore.protocols import BudgetPolicy
 from draftcore.validate import max_tree_nodes
-from naive import naive_learn_outcomes, naive_measured_growth
+from naive import naive_cost_estimates, naive_learn_outcomes, naive_measured_growth
 
 # seconds per verify by tree size: 3 nodes cost more than 4 (as MKL's small matrix kernels do)
 COST = {1: 1.0, 2: 1.6, 3: 1.9, 4: 1.3, 5: 1.35, 6: 1.4, 8: 1.6, 12: 1.9, 16: 2.3, 24: 3.0, 32: 3.8,
@@ -511,3 +511,57 @@ def test_measured_growth_matches_its_naive_twin(seed):
         got = K.measured_growth(known, sizes)
         want = naive_measured_growth(known.tolist(), sizes.tolist())
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, equal_nan=True)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_the_cost_tables_estimates_match_their_naive_twin(seed):
+    """CostTable.estimated (the guessed_costs kernel, each window's smallest measured size kept as
+    `learn` goes) against naive_cost_estimates, which searches every table: random steps learnt in
+    random order over three window sizes, read after each."""
+    rng = np.random.default_rng(seed)
+    table = CostTable(largest=int(rng.integers(2, 70)), smoothing=0.2, optimism=0.05)
+    windows = (0, 3, 8)
+    for _ in range(25):
+        window = int(rng.choice(windows))
+        size = int(rng.choice(table.sizes))
+        table.learn(size, window, float(rng.uniform(0.5, 3.0)) * (1.0 + 0.1 * size))
+        for n_lookahead in windows:
+            want = naive_cost_estimates(table.measured, table.sizes.tolist(), 0.05, n_lookahead)
+            np.testing.assert_allclose(table.estimated(n_lookahead), want, rtol=1e-12, atol=0)
+
+
+def test_calibration_cells_are_the_score_bins_and_rank_buckets():
+    """The cells kernel bins as DraftTree.score_bins does, edges included: float32 scores at and
+    next to every bin edge (the product taken in float32, as numpy takes it), float64 scores, and a
+    tree without scores (0.5 ** depth)."""
+    calibration = Calibration(max_nodes=64, memory=None)
+    edges = np.arange(BINS + 1) / BINS
+    near = np.concatenate([edges, np.nextafter(edges.astype(np.float32), np.float32(0)),
+                           np.nextafter(edges.astype(np.float32), np.float32(2)), [0.15, 0.35, 0.55, 0.7]])
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64, None):
+        for n in (1, 2, 7, 40, 90):
+            tree = DraftTree.chain(3, rng.integers(0, 50, n - 1))
+            if dtype is not None:
+                scores = rng.choice(near, n).astype(dtype)
+                scores[0] = 1.0
+                tree.scores = scores
+            for m in (1, n // 2 + 1, n):
+                want = tree.score_bins(BINS, 0, m) * RANKS + rank_buckets(max(m, 66), RANKS)[:m]
+                np.testing.assert_array_equal(calibration.cells(tree, m), want)
+
+
+def test_fading_the_calibration_in_place_is_the_numpy_arithmetic_bit_for_bit():
+    rng = np.random.default_rng(1)
+    calibration = Calibration(max_nodes=16, memory=500.0)
+    offered, accepted = calibration.offered + rng.uniform(0, 40, calibration.offered.shape), None
+    accepted = offered * rng.uniform(0, 1, offered.shape)
+    calibration.offered, calibration.accepted = offered.copy(), accepted.copy()
+    keep = 1.0 - 1.0 / 500.0
+    want_offered = calibration.prior_offered + keep * (offered - calibration.prior_offered)
+    want_accepted = calibration.prior_accepted + keep * (accepted - calibration.prior_accepted)
+    calibration.learn_verified(DraftTree.root_only(3), np.zeros(1, np.int32))
+    np.testing.assert_array_equal(calibration.offered, want_offered)
+    np.testing.assert_array_equal(calibration.accepted, want_accepted)
+    np.testing.assert_array_equal(calibration.probability, (want_accepted / want_offered).ravel())

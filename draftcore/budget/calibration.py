@@ -22,6 +22,8 @@ from ..tree import DraftTree
 
 BINS = 20   # score bins
 RANKS = 6   # rank buckets: 1, 2-3, 4-7, 8-15, 16-31, 32+
+_NO_SCORES = np.empty(0, np.float32)   # what the cells kernel takes for a tree without scores
+_KERNEL_SCORES = (np.dtype(np.float32), np.dtype(np.float64))   # score dtypes it bins as numpy does
 
 
 def rank_buckets(n: int, n_buckets: int) -> np.ndarray:
@@ -46,11 +48,14 @@ class Calibration:
         self._kernels = kernels("draftcore.budget_kernels")
 
     def cells(self, tree: DraftTree, m: int) -> np.ndarray:
-        """Flat calibration cell of the first m nodes: score bin * RANKS + rank bucket."""
-        bins = tree.score_bins(BINS, 0, m)
+        """Flat calibration cell of the first m nodes: score bin (`DraftTree.score_bins`) * RANKS +
+        rank bucket, in one kernel call (read several times a drafting step)."""
         if m > self._rank_bucket.shape[0]:
             self._rank_bucket = rank_buckets(m, RANKS)
-        return bins * RANKS + self._rank_bucket[:m]
+        scores = tree.scores if tree.scores is not None else _NO_SCORES
+        if scores.dtype not in _KERNEL_SCORES:   # a foreign drafter's float16: numpy's own rounding
+            return tree.score_bins(BINS, 0, m) * RANKS + self._rank_bucket[:m]
+        return self._kernels.calibration_cells(scores, tree.depths, m, BINS, self._rank_bucket, RANKS)
 
     def probabilities(self, tree: DraftTree, m: int) -> np.ndarray:
         """float64[m]: the calibrated acceptance of the tree's first m nodes (the root: 1)."""
@@ -67,10 +72,9 @@ class Calibration:
     def learn_verified(self, tree: DraftTree, path: np.ndarray) -> None:
         """A drafting step verified `tree`'s candidates and accepted `path`: fade the counts one step,
         then count each candidate once offered and, on the path, once accepted."""
-        if self.memory is not None:  # forget old evidence, keep the prior
-            keep = 1.0 - 1.0 / self.memory
-            self.offered = self.prior_offered + keep * (self.offered - self.prior_offered)
-            self.accepted = self.prior_accepted + keep * (self.accepted - self.prior_accepted)
+        if self.memory is not None:  # forget old evidence, keep the prior (probability refreshed too)
+            self._kernels.fade_counts(self.offered, self.accepted, self.prior_offered, self.prior_accepted,
+                                      1.0 - 1.0 / self.memory, self.probability)
         if tree.n_draft:
             cells = self.cells(tree, tree.n_candidates)[1:]
             accepted = np.zeros(tree.n_candidates, bool)
@@ -78,7 +82,6 @@ class Calibration:
             flat_offered, flat_accepted = self.offered.reshape(-1), self.accepted.reshape(-1)
             np.add.at(flat_offered, cells, 1.0)
             np.add.at(flat_accepted, cells, accepted[1:])
-        if tree.n_draft or self.memory is not None:
             self.probability = (self.accepted / self.offered).ravel()
 
     def learn_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray, sizes: np.ndarray,

@@ -14,6 +14,7 @@ measurements behind each rule are in docs/budget.md.
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -53,11 +54,13 @@ class CostTable:
         self.optimism = optimism     # an unmeasured size's guessed cost growth per node, relative to 1 node
         self.sizes = menu(largest)
         self._entry = {int(size): i for i, size in enumerate(self.sizes)}   # learn's lookup, every step
+        self._size_list = self.sizes.tolist()                                # reachable's, every step
         self.measured: dict[int, np.ndarray] = {}    # n_lookahead -> seconds by menu entry, NaN: never
         self._estimates: dict[int, np.ndarray] = {}  # what choose() reads every step, until learn() changes it
         self.prior: CostTable | None = None          # guesses come from it where it measured more
         self._own: dict[int, np.ndarray] = {}        # estimates without the prior: what a prior lends
         self.largest_measured = 1                     # nodes (root included) of the largest tree measured
+        self._first_measured: dict[int, int] = {}    # n_lookahead -> its smallest menu entry measured
 
     def table(self, n_lookahead: int) -> np.ndarray:
         """The measured seconds with `n_lookahead` lookahead nodes (created, all NaN, on first use)."""
@@ -72,7 +75,7 @@ class CostTable:
 
     def root_measured(self, n_lookahead: int) -> bool:
         """Whether a step without candidates (and with `n_lookahead` lookahead nodes) was measured."""
-        return not np.isnan(self.table(n_lookahead)[0])
+        return not math.isnan(self.table(n_lookahead)[0])
 
     def learn(self, n_candidates: int, n_lookahead: int, seconds: float) -> None:
         """A step that verified `n_candidates` nodes (root included) and `n_lookahead` more took
@@ -85,6 +88,8 @@ class CostTable:
         # the estimate: taken whole, it can make the root-only step look dearer than a draft, and the
         # size then chosen instead keeps the root-only step from ever being re-measured.
         costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER)
+        if i < self._first_measured.get(n_lookahead, len(self.sizes)):
+            self._first_measured[n_lookahead] = i
         self.tried(n_candidates)
         self._estimates.clear()
         self._own.clear()
@@ -108,7 +113,7 @@ class CostTable:
         Growing by doubling from 2 nodes, a GPU still reaches 64 nodes within six drafting steps
         (docs/budget.md: what a first request gains or loses by it)."""
         largest = max(self.largest_measured, self.prior.largest_measured if self.prior is not None else 1)
-        return int(np.searchsorted(self.sizes, max(2 * largest, FIRST_REACH), side="right"))
+        return bisect.bisect_right(self._size_list, max(2 * largest, FIRST_REACH))
 
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
         """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
@@ -140,19 +145,30 @@ class CostTable:
         return estimate
 
     def _guess(self, n_lookahead: int, with_prior: bool = True) -> np.ndarray:
-        """The table with every unmeasured size guessed: from the prior where it has one (see
-        `_from_prior`: it measured sizes this table has not); else from the cost growth measured
-        around the size (`_measured_growth`); else optimistically, from the step with the fewest
-        nodes measured so far (with any window) growing by `optimism` per node, so bigger trees get
-        tried, measured and then kept or dropped."""
-        known = self.table(n_lookahead).copy()
-        missing = np.isnan(known)
-        if not missing.any():
-            return known
+        """The table with every unmeasured size guessed:
+        - from the prior where it has one (`_from_prior`: it measured sizes this table has not);
+        - else from the cost growth measured around the size (budget_kernels.measured_growth):
+          between two measured sizes, the smaller one's cost plus half the slope between them;
+          above the largest measured size, where at least two are, its cost plus half the slope
+          measured up to it from the smallest. Half, so the guess stays optimistic and the size
+          gets tried where it might pay. Guessed at a flat `optimism` per node instead, a CPU,
+          where each node adds to a verify, had every large size guessed far too cheap and tried
+          once each, at several times its guess, and one big tree measured left each size between
+          it and the root to be tried in turn (llama.cpp: 15, then 11, then 7 nodes on a
+          100-token request); a GPU, where a node adds almost nothing, had them guessed too dear
+          and stopped growing its trees;
+        - else optimistically: the step with the fewest nodes measured so far (with any window,
+          `_optimistic_base`) growing by `optimism` per node, so bigger trees get tried, measured
+          and then kept or dropped.
+        Without a prior it is one kernel call (budget_kernels.guessed_costs): a root-only step's
+        cost changes the guesses, so they are redone on every drafting step."""
+        known = self.table(n_lookahead)
         guess = self._from_prior(n_lookahead, known) if with_prior else None
         if guess is None:
-            measured_growth = self._measured_growth(known)
-            guess = np.where(np.isnan(measured_growth), self._optimistic(n_lookahead), measured_growth)
+            return kernels("draftcore.budget_kernels").guessed_costs(known, self.sizes, self._optimistic_base(),
+                                                                     self.optimism, n_lookahead)
+        known = known.copy()
+        missing = np.isnan(known)
         known[missing] = guess[missing]
         return known
 
@@ -167,32 +183,15 @@ class CostTable:
         scale = known[0] / theirs[0] if not math.isnan(known[0]) and theirs[0] > 0 else 1.0
         return theirs * scale
 
-    def _optimistic(self, n_lookahead: int) -> np.ndarray:
-        """Every size's cost growing by `optimism` per node from the measured step with the fewest
-        nodes (ties: the cheaper), over every window size (in each window's table, its first
-        measured size). Runs every step: no per-entry loop."""
-        total = self.sizes + n_lookahead - 1.0   # nodes beyond a root-only tree
-        base = 1.0
+    def _optimistic_base(self) -> float:
+        """The seconds the optimistic guess grows from: a root-only step's, as the measured step
+        with the fewest nodes (ties: the cheaper), over every window size, implies it (each
+        window's smallest size measured is kept by `learn`: no search of the tables)."""
         fewest = None
-        for window, costs in self.measured.items():
-            measured = np.flatnonzero(~np.isnan(costs))
-            if measured.size:
-                i = int(measured[0])
-                candidate = (float(self.sizes[i]) + window - 1.0, float(costs[i]))
-                fewest = candidate if fewest is None else min(fewest, candidate)
-        if fewest is not None:
-            extra, seconds = fewest
-            base = seconds / (1.0 + self.optimism * extra)
-        return base * (1.0 + self.optimism * total)
-
-    def _measured_growth(self, known: np.ndarray) -> np.ndarray:
-        """Per menu entry, a guess from the cost growth measured around it (NaN: none measured).
-        Between two measured sizes: the smaller one's cost plus half the slope between them. Above
-        the largest measured size, where at least two are: its cost plus half the slope measured up
-        to it from the smallest. Half, so the guess stays optimistic and the size gets tried where
-        it might pay. Guessed at a flat `optimism` per node instead, a CPU, where each node adds to
-        a verify, had every large size guessed far too cheap and tried once each, at several times
-        its guess, and one big tree measured left each size between it and the root to be tried in
-        turn (llama.cpp: 15, then 11, then 7 nodes on a 100-token request); a GPU, where a node adds
-        almost nothing, had them guessed too dear and stopped growing its trees."""
-        return kernels("draftcore.budget_kernels").measured_growth(known, self.sizes)
+        for window, i in self._first_measured.items():
+            candidate = (self._size_list[i] + window - 1.0, float(self.measured[window][i]))
+            fewest = candidate if fewest is None else min(fewest, candidate)
+        if fewest is None:
+            return 1.0
+        extra, seconds = fewest
+        return seconds / (1.0 + self.optimism * extra)
