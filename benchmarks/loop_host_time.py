@@ -45,7 +45,8 @@ class SimulatedClock:
 
 class TextVerifier:
     """A Verifier whose model greedily continues `text` from position `start` (a node off the text
-    gets token 1), answering at once; each verify advances `clock` by STEP_SECONDS per node."""
+    gets token 1), answering at once; each verify advances `clock` by STEP_SECONDS per node. It offers
+    `advance`, as LlamaCppVerifier does, so root-only steps take the loop's one-token path."""
 
     vocab_size = 256
     max_tree_nodes = 64
@@ -74,6 +75,12 @@ class TextVerifier:
 
     def commit(self, path):
         self.n_past += len(path)
+
+    def advance(self, token):
+        """The one-token path llama.cpp's verifier offers (verify of a root-only tree + its commit)."""
+        self.clock.now += STEP_SECONDS
+        self.n_past += 1
+        return int(self.text[self.start + self.n_past])
 
 
 def run(text, budget_of, requests: int, new_tokens: int) -> tuple[float, int]:
