@@ -494,7 +494,8 @@ def test_a_wrong_advance_is_caught():
     token in range is what the output comparison above would catch (the same check, made to fail)."""
     model = ToyModel(vocab_size=24, seed=5)
     prompt = [3, 1, 4, 1, 5]
-    with pytest.raises(draftcore.BackendError, match=r"verifier\.advance\(\) returned: expected a token id in \[0, 24\)"):
+    refused = r"verifier\.advance\(\) returned: expected a token id in \[0, 24\)"
+    with pytest.raises(draftcore.BackendError, match=refused):
         draftcore.speculate(AdvancingVerifier(model, wrong="outside"), prompt, max_new_tokens=10, budget=0)
     shifted = draftcore.speculate(AdvancingVerifier(model, wrong="shifted"), prompt, max_new_tokens=10, budget=0)
     assert shifted.tokens.tolist() != model.greedy(prompt, 10).tolist()
