@@ -31,8 +31,10 @@ def main():
     parser.add_argument("--traces", nargs="+", default=[TRACES], help="JSONL trace files (.gz allowed)")
     parser.add_argument("--eos", type=int, default=TRACES_EOS)
     parser.add_argument("--policies", default="fixed 4,fixed 8,fixed 16,fixed 64,auto",
-                        help="'fixed N', 'auto' (the library's default budget), or 'auto NAME=VALUE ...': a "
-                             "CostAwareBudget with those settings, e.g. 'auto max_loss=inf'")
+                        help="'fixed N', 'auto' (the library's default budget), 'auto NAME=VALUE ...': a "
+                             "CostAwareBudget with those settings, e.g. 'auto max_loss=inf', or 'oracle': each "
+                             "step the best prefix of the proposal by the recorded output (the auto budget's "
+                             "headroom, draftcore.tools.oracle_budget)")
     parser.add_argument("--fresh", type=int, default=0, metavar="N",
                         help="replay the first N traces of each dataset alone, each on a fresh verifier")
     args = parser.parse_args()
@@ -72,12 +74,15 @@ def main():
 
 def budget_factory(policy: str):
     """A callable making a fresh budget for one replay: None (the library's default auto budget), an
-    int (fixed), or a CostAwareBudget with the settings named after 'auto'."""
+    int (fixed), "oracle" (replay builds it over its own verifier), or a CostAwareBudget with the
+    settings named after 'auto'."""
     name, *settings = policy.split()
     if name == "fixed":
         return lambda: int(settings[0])
+    if name == "oracle":
+        return lambda: "oracle"
     if name != "auto":
-        raise SystemExit(f"--policies: expected 'fixed N' or 'auto [NAME=VALUE ...]', got {policy!r}")
+        raise SystemExit(f"--policies: expected 'fixed N', 'oracle' or 'auto [NAME=VALUE ...]', got {policy!r}")
     if not settings:
         return lambda: None
     pairs = (setting.split("=", 1) for setting in settings)

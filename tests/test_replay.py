@@ -8,8 +8,10 @@ import draftcore
 from draftcore import CostAwareBudget, DraftTree, FixedBudget, InputError, TrieDrafter
 from draftcore.checks import MISSING
 from draftcore.tools.cost_model import CostModel, SimulatedClock
+from draftcore.tools.oracle_budget import OracleBudget
 from draftcore.tools.replay import TraceVerifier, replay, vocab_size_of
 from draftcore.tools.traces import Trace, read_traces, write_traces
+from naive import naive_greedy_accept
 
 
 def _tree(tokens, parents):
@@ -130,6 +132,75 @@ def test_replay_with_a_fresh_trie_per_request_drafts_less():
 def test_replay_without_a_cost_model_reports_no_speedup():
     report = replay(_traces(4), budget=8, cost=None, eos_token_id=2)
     assert all(s.speedup is None and s.tokens_per_step > 1.0 for s in report.values())
+
+
+def test_accepted_by_prefix_is_the_greedy_walk_of_each_prefix_and_changes_nothing():
+    trace = Trace("t", 0, np.array([9, 8], np.int32), np.array([5, 6, 7, 8, 4], np.int32))
+    verifier = TraceVerifier.for_traces([trace])
+    verifier.load(trace)
+    verifier.prefill(trace.prompt_ids)
+    # root 5; 6 -> 7 on the trace, 3 -> 4 off it, then 8 under 7 on it
+    tree = _tree([5, 6, 3, 7, 4, 8], [-1, 0, 0, 1, 2, 3])
+    assert verifier.accepted_by_prefix(tree).tolist() == [0, 1, 1, 2, 2, 3]
+    assert verifier.n_past == 2   # nothing verified or committed
+    verifier.verify(tree)
+    verifier.commit(np.array([0, 1], np.int32))
+    # after the commit the root is 7: 8 follows it on the trace, the second 8 is a sibling off it
+    assert verifier.accepted_by_prefix(_tree([7, 8, 8, 4], [-1, 0, 0, 1])).tolist() == [0, 1, 1, 2]
+    with pytest.raises(InputError, match="left its trace"):
+        verifier.accepted_by_prefix(_tree([6], [-1]))
+
+
+class _RecordingOracle(OracleBudget):
+    """The oracle, keeping each chosen step's tree and the path the loop really accepted."""
+
+    def __init__(self, verifier, cost):
+        super().__init__(verifier, cost)
+        self.steps, self._tree, self._base = [], None, 0
+
+    def choose(self, tree):
+        self._tree, self._base = tree, self.verifier.n_past - self.verifier._loaded("test").prompt_ids.shape[0]
+        return super().choose(tree)
+
+    def observe(self, tree, path, seconds):
+        if self._tree is not None:
+            self.steps.append((self._tree, self._base, self.chosen[-1], self.accepted[-1], path.shape[0] - 1))
+        self._tree = None
+
+
+@pytest.mark.parametrize("table", ["llamacpp-cpu", "hf-cpu"])
+def test_the_oracle_verifies_the_best_prefix_and_accepts_what_it_knew(table):
+    traces = _traces()
+    cost = CostModel.named(table)
+    clock = SimulatedClock(cost)
+    verifier = TraceVerifier.for_traces(traces, clock=clock)
+    oracle, drafter = _RecordingOracle(verifier, cost), TrieDrafter()
+    for trace in traces:
+        verifier.load(trace)
+        draftcore.speculate(verifier, trace.prompt_ids, max_new_tokens=trace.output_ids.shape[0], eos_token_id=2,
+                            drafter=drafter, budget=oracle, clock=clock)
+        out = trace.output_ids
+        for tree, base, chosen, expected, accepted in oracle.steps:
+            assert accepted == expected   # the loop accepted what the oracle said it would
+            # every prefix by a naive walk against the recorded output: none gives more tokens per second
+            values = []
+            for k in range(tree.n_draft + 1):
+                at = base + tree.depths[:k + 1].astype(np.int64)
+                model = np.where(at + 1 < out.shape[0], out[np.minimum(at + 1, out.shape[0] - 1)], -1)
+                path, _ = naive_greedy_accept(tree.tokens[:k + 1], tree.parents[:k + 1], model)
+                values.append(len(path) / cost.seconds(k + 1))
+            assert values[chosen] == max(values)
+        oracle.steps.clear()
+    assert len(oracle.chosen) > 20 and max(oracle.chosen) > 1
+    # the ceiling over the same drafter's proposals: above the auto budget and every fixed size
+    ceiling = replay(traces, budget="oracle", cost=table, eos_token_id=2)
+    for other in ["auto", 2, 8, 64]:
+        report = replay(traces, budget=other, cost=table, eos_token_id=2)
+        for name in report:
+            assert ceiling[name].speedup >= report[name].speedup
+    assert isinstance(ceiling.budget, OracleBudget)
+    with pytest.raises(draftcore.ConfigError, match="oracle"):
+        replay(traces, budget="oracle", cost=None)
 
 
 def test_cost_model_interpolates_extrapolates_and_parses_tables():

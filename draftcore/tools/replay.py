@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..acceptance import greedy_accept
 from ..budget import as_budget_policy
 from ..checks import MISSING, check_n_logits, check_path, check_tree
 from ..errors import BackendError, ConfigError, InputError
@@ -30,6 +31,7 @@ from ..tree import DraftTree
 from ..validate import positive_int
 from . import variants  # noqa: F401  (registers the measured variants: replay runs them by name)
 from .cost_model import CostModel, SimulatedClock
+from .oracle_budget import OracleBudget
 from .traces import Trace
 
 
@@ -101,6 +103,15 @@ class TraceVerifier:
             raise InputError("commit: no verified tree to commit a path of (call verify first)")
         self._n_out_cached += check_path(path, self._tree).shape[0]
         self._tree = None
+
+    def accepted_by_prefix(self, tree) -> np.ndarray:
+        """int64[n]: [k] the tokens greedy acceptance takes beyond the root if only the tree's first
+        k + 1 nodes were verified now (what an oracle budget knows; changes no state)."""
+        trace = self._loaded("accepted_by_prefix")
+        check_tree(tree, self.vocab_size)
+        model_tokens = self._model_tokens(trace.output_ids, tree)
+        return np.array([greedy_accept(tree.tokens, tree.parents, model_tokens, k + 1)[0].shape[0] - 1
+                         for k in range(len(tree))], np.int64)
 
     # -- internals ----------------------------------------------------------------------------
     def _model_tokens(self, out: np.ndarray, tree: DraftTree) -> np.ndarray:
@@ -263,8 +274,9 @@ def replay(traces, drafter=None, *, budget=None, cost="hf-cpu", eos_token_id=Non
         new Drafter. A replay knows the model's token only at nodes on the recorded output, so a
         Jacobi window learns only where its guesses match the recording (-1 elsewhere): replay
         measures the Jacobi pool pessimistically; a real model is needed for it.
-    budget: None or "auto" (the library's default: the session's CostAwareBudget), an int, or a
-        budget policy; kept across traces.
+    budget: None or "auto" (the library's default: the session's CostAwareBudget), an int, a
+        budget policy (kept across traces), or "oracle": each step the prefix of the proposal with
+        the most tokens per second by the recorded output (tools.oracle_budget; needs `cost`).
     cost: a built-in cost table's name, a table "nodes:ms,...", a CostModel, or None (the loop then
         runs on the real clock, the auto budget learns this replay's own timings, and no speedup is
         reported).
@@ -279,7 +291,13 @@ def replay(traces, drafter=None, *, budget=None, cost="hf-cpu", eos_token_id=Non
     verifier = TraceVerifier.for_traces(traces, vocab_size=vocab_size, clock=clock)
     session = Session.of(verifier)
     make_drafter = _drafter_factory(drafter, session, reset_per_request)
-    policy = None if budget is None or budget == "auto" else as_budget_policy(budget)
+    if isinstance(budget, str) and budget == "oracle":
+        if cost_model is None:
+            raise ConfigError("budget: 'oracle' weighs tokens against the cost table's seconds; expected a cost, "
+                              "got cost=None")
+        policy = OracleBudget(verifier, cost_model)
+    else:
+        policy = None if budget is None or budget == "auto" else as_budget_policy(budget)
     report = ReplayReport(cost_model)
     inner = make_drafter()
     try:
