@@ -27,6 +27,44 @@ def expected_accepted(p, parents, n):
     return out
 
 
+@nb.njit(cache=True, error_model="numpy")   # a clock that never advanced gives 0 s: inf or NaN, as numpy's
+def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_loss, hopeless_share):
+    """CostAwareBudget.choose's arithmetic in one call: (float64[n_menu] tokens per second of each
+    menu entry, 0 where the floor guard does not afford it; the best entry, the first of equals;
+    whether the proposal is hopeless). `p`: the calibrated acceptance of the tree's first n nodes;
+    each entry's value is (1 + correction * expected accepted of its sizes[j] - 1 candidates) /
+    estimates[j]; hopeless: no drafted entry is worth `hopeless_share` of the root-only one, before
+    the guard. The guard (FloorGuard.affordable) keeps an entry whose cost in root-only steps, less
+    1 + max_loss, is at most `slack`, and always the root; it prices nothing where estimates[0] is
+    not > 0. The same arithmetic, in the same order, as the numpy expressions it replaces; NaN as
+    numpy's max and argmax see it."""
+    expected = expected_accepted(p, parents, n)
+    value = np.empty(n_menu)
+    for j in range(n_menu):
+        value[j] = (1.0 + correction * expected[sizes[j] - 1]) / estimates[j]
+    hopeless = False
+    if n_menu > 1:
+        top = -np.inf
+        has_nan = False
+        for j in range(1, n_menu):
+            if np.isnan(value[j]):
+                has_nan = True
+            elif value[j] > top:
+                top = value[j]
+        hopeless = not has_nan and top < hopeless_share * value[0]
+    if estimates[0] > 0:
+        for j in range(1, n_menu):
+            if not estimates[j] / estimates[0] - (1.0 + max_loss) <= slack:
+                value[j] = 0.0
+    best = 0
+    for j in range(1, n_menu):
+        if np.isnan(value[best]):
+            break
+        if np.isnan(value[j]) or value[j] > value[best]:
+            best = j
+    return value, best, hopeless
+
+
 @nb.njit(cache=True)
 def learn_outcomes(offered, accepted, probability, cells, outcome, verified, parents, n, sizes, seconds):
     """CostAwareBudget.observe_outcomes in one call. Counts the known outcomes of candidates
@@ -154,6 +192,8 @@ def calibration_cells(scores, depths, m, n_bins, rank_bucket, n_ranks):
 def warm_up() -> None:
     parents = np.array([-1, 0, 0, 1], np.int32)
     expected_accepted(np.array([1.0, 0.5, 0.5, 0.9]), parents, 4)
+    menu_values(np.array([1.0, 0.5, 0.5, 0.9]), parents, 4, np.array([1, 2, 3, 4], np.int64), 4, np.ones(4), 1.0,
+                1.0, 0.02, 0.5)
     counts = np.ones(4)
     learn_outcomes(counts, counts * 0.5, counts * 0.5, np.arange(4), np.array([1, 1, 0, -1], np.int8), 0,
                    parents, 4, np.array([1, 2, 3, 4]), np.ones(4))

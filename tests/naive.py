@@ -21,6 +21,8 @@ keeping heaps and child lists, and share nothing with draftcore but the document
     naive_count_outcomes     the composite's calibration counts from what the emitted tokens settle
     naive_measured_growth    the auto budget's guess of a size's cost from the growth measured around it
     naive_cost_estimates     every menu size's cost as the auto budget's table guesses it (no prior)
+    naive_menu_values        the auto budget's value of each menu size, the floor guard's cut, the best
+                             entry and the hopeless test, as one choice makes them
 """
 from __future__ import annotations
 
@@ -612,6 +614,28 @@ def naive_expected_accepted(p, parents, k: int) -> float:
         total = sum(p[j] for j in siblings)
         q[i] = p[i] * min(1.0, q[int(parents[i])] / total)
     return sum(q[i] for i in range(1, k + 1))
+
+
+def naive_menu_values(p, parents, sizes, estimates, correction: float, slack: float, max_loss: float,
+                      hopeless_share: float):
+    """One choice of the auto budget, from its definition, for the menu entries given (`sizes`,
+    `estimates`: seconds each): value = (1 + correction * expected accepted candidates of the size) /
+    seconds; hopeless where there are drafted entries, none of them NaN, and the best of them is
+    worth less than `hopeless_share` of the root-only entry's; then, where the root-only entry costs
+    more than 0, an entry whose seconds in root-only steps exceed 1 + max_loss + slack is worth 0;
+    best: the first entry of the largest value, or the first NaN. Returns (values, best, hopeless)."""
+    with np.errstate(divide="ignore", invalid="ignore"):   # a clock that never advanced: 0 seconds
+        values = [(1.0 + correction * naive_expected_accepted(p, parents, int(size) - 1)) / estimates[j]
+                  for j, size in enumerate(sizes)]
+    drafted = values[1:]
+    hopeless = bool(drafted) and not any(math.isnan(v) for v in drafted) \
+        and max(drafted) < hopeless_share * values[0]
+    if estimates[0] > 0:
+        values = [v if j == 0 or estimates[j] / estimates[0] - (1.0 + max_loss) <= slack else 0.0
+                  for j, v in enumerate(values)]
+    nans = [j for j, v in enumerate(values) if math.isnan(v)]
+    best = nans[0] if nans else values.index(max(values))
+    return values, best, hopeless
 
 
 def naive_learn_outcomes(offered, accepted, probability, cells, outcome, verified: int, parents, n: int, sizes,

@@ -12,11 +12,12 @@ from draftcore import CostAwareBudget, DraftTree
 from draftcore.budget import FixedBudget, LookaheadProbe
 from draftcore.budget.calibration import BINS, RANKS, Calibration, rank_buckets
 from draftcore.budget.costs import CostTable, menu
+from draftcore.budget.explore import HOPELESS
 from draftcore.errors import ConfigError
 from draftcore.jit import kernels
 from draftcore.protocols import BudgetPolicy
 from draftcore.validate import max_tree_nodes
-from naive import naive_cost_estimates, naive_learn_outcomes, naive_measured_growth
+from naive import naive_cost_estimates, naive_learn_outcomes, naive_measured_growth, naive_menu_values
 
 # seconds per verify by tree size: 3 nodes cost more than 4 (as MKL's small matrix kernels do)
 COST = {1: 1.0, 2: 1.6, 3: 1.9, 4: 1.3, 5: 1.35, 6: 1.4, 8: 1.6, 12: 1.9, 16: 2.3, 24: 3.0, 32: 3.8,
@@ -565,3 +566,30 @@ def test_fading_the_calibration_in_place_is_the_numpy_arithmetic_bit_for_bit():
     np.testing.assert_array_equal(calibration.offered, want_offered)
     np.testing.assert_array_equal(calibration.accepted, want_accepted)
     np.testing.assert_array_equal(calibration.probability, (want_accepted / want_offered).ravel())
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_the_choices_kernel_is_its_naive_twin(seed):
+    """budget_kernels.menu_values (CostAwareBudget.choose's arithmetic in one call) against
+    naive_menu_values: random trees and calibrated probabilities, menus cut anywhere, estimates with
+    a zero or negative root-only cost, NaN and equal values, slack and max_loss from none to inf."""
+    K = kernels("draftcore.budget_kernels")
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 66))
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], np.int32)
+    p = np.concatenate([[1.0], rng.choice([1e-3, 0.25, 0.5, 1.0, rng.uniform(1e-3, 1.0)], n - 1)])   # counts keep p > 0
+    sizes = menu(65)
+    n_menu = int(rng.integers(1, int(np.searchsorted(sizes, n, side="right")) + 1))
+    estimates = np.cumsum(rng.choice([0.0, 1.0, rng.uniform(0.1, 3.0)], len(sizes)))
+    estimates[0] = rng.choice([0.0, -1.0, 1.0, rng.uniform(0.1, 2.0)])
+    if rng.uniform() < 0.2:
+        estimates[int(rng.integers(0, n_menu))] = np.nan
+    correction, slack = float(rng.uniform(0.25, 1.0)), float(rng.choice([0.0, 1.0, rng.uniform(0, 40), np.inf]))
+    max_loss = float(rng.choice([0.0, 0.02, np.inf]))
+    value, best, hopeless = K.menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_loss,
+                                          HOPELESS)
+    want, want_best, want_hopeless = naive_menu_values(p, parents, sizes[:n_menu], estimates[:n_menu], correction,
+                                                       slack, max_loss, HOPELESS)
+    np.testing.assert_allclose(value, want, rtol=1e-12, atol=0)
+    assert (best, hopeless) == (want_best, want_hopeless)

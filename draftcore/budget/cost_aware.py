@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from ..jit import kernels
 from ..tree import DraftTree
 from ..validate import cost_or_inf, positive_float, positive_int, tree_size
 from .aftermath import Aftermath
@@ -104,6 +105,7 @@ class CostAwareBudget:
         self._aftermath = Aftermath()
         self._guard = FloorGuard(self.max_loss)
         self._next_n_past = -1   # the context the next step of the same sequence starts from
+        self._kernels = kernels("draftcore.budget_kernels")
 
     @property
     def _costs(self):
@@ -153,17 +155,17 @@ class CostAwareBudget:
             return self._skipping.after_choice(0, False)
         if not self._costs.root_measured(tree.n_lookahead):
             return 0  # first measure what a step without candidates costs
-        sizes, value = self._values(tree, n_draft, self.bias() * self.gamble_correction())
-        # A proposal whose best draft is worth less than half of no draft says the drafter has
-        # nothing here: the next step verifies the root without asking it.
-        hopeless = sizes.shape[0] > 1 and value[1:].max() < HOPELESS * value[0]
-        # A tree the request cannot afford is not verified; priced against the same step without
-        # candidates (a window is kept or dropped by its own rule, window_cost)
-        estimates = self._costs.estimated(tree.n_lookahead)[:sizes.shape[0]]
-        if estimates[0] > 0:   # a clock that never advanced prices nothing
-            value = np.where(self._guard.affordable(estimates / estimates[0]), value, 0.0)
-        best = self._explore.pick(self._step, int(np.argmax(value)), value)
-        return self._skipping.after_choice(int(sizes[best]) - 1, hopeless)
+        # One kernel (budget_kernels.menu_values): each menu size's expected tokens per second, the
+        # tree's window priced in. A proposal whose best draft is worth less than half of no draft
+        # (HOPELESS) says the drafter has nothing here: the next step verifies the root without
+        # asking it. A tree the request cannot afford (FloorGuard) is not verified, priced against
+        # the same step without candidates (a window is kept or dropped by its own rule, window_cost).
+        value, best, hopeless = self._kernels.menu_values(
+            self._calibration.probabilities(tree, n_draft + 1), tree.parents, n_draft + 1, self.sizes,
+            self._costs.menu_entries(n_draft + 1), self._costs.estimated(tree.n_lookahead),
+            self.bias() * self.gamble_correction(), self._guard.slack, self._guard.max_loss, HOPELESS)
+        best = self._explore.pick(self._step, best, value)
+        return self._skipping.after_choice(int(self.sizes[best]) - 1, hopeless)
 
     def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
         """Keep the window while its measured (or, unmeasured, optimistically guessed) extra cost
@@ -231,15 +233,6 @@ class CostAwareBudget:
                                                               self._costs.estimated(0))
         if expected >= 0.0:   # the prefix it would pick uncorrected, longer than what was verified
             self._bias.learn(expected, accepted)
-
-    def _values(self, tree: DraftTree, n_draft: int, correction: float):
-        """(menu sizes up to n_draft + 1 nodes, expected tokens per second of each, the expectation
-        scaled by `correction`), the tree's window priced in."""
-        expected = self._calibration.expected_accepted(tree, n_draft + 1)
-        n_menu = min(int(np.searchsorted(self.sizes, n_draft + 1, side="right")), self._costs.reachable())
-        sizes = self.sizes[:n_menu]
-        value = (1.0 + correction * expected[sizes - 1]) / self._costs.estimated(tree.n_lookahead)[:n_menu]
-        return sizes, value
 
     # -- what it has learnt (also for reports) -------------------------------------------------
     @property

@@ -115,6 +115,11 @@ class CostTable:
         largest = max(self.largest_measured, self.prior.largest_measured if self.prior is not None else 1)
         return bisect.bisect_right(self._size_list, max(2 * largest, FIRST_REACH))
 
+    def menu_entries(self, n_nodes: int) -> int:
+        """How many menu entries a step whose tree holds at most `n_nodes` nodes (root included) may
+        verify: those of at most `n_nodes` nodes that are `reachable`."""
+        return min(bisect.bisect_right(self._size_list, n_nodes), self.reachable())
+
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
         """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
         included) plus `n_lookahead` lookahead nodes, interpolated between menu sizes."""
