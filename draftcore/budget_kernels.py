@@ -65,7 +65,7 @@ def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_
     return value, best, hopeless
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, error_model="numpy")   # a clock that never advanced gives 0 s: inf, as numpy's
 def learn_outcomes(offered, accepted, probability, cells, outcome, verified, parents, n, sizes, seconds):
     """CostAwareBudget.observe_outcomes in one call. Counts the known outcomes of candidates
     verified+1 .. n-1 into their calibration cells (offered, accepted and probability: flat views,

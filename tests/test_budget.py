@@ -593,3 +593,28 @@ def test_the_choices_kernel_is_its_naive_twin(seed):
                                                        slack, max_loss, HOPELESS)
     np.testing.assert_allclose(value, want, rtol=1e-12, atol=0)
     assert (best, hopeless) == (want_best, want_hopeless)
+
+
+@pytest.mark.parametrize("tick_every", [0, 7, 2])
+def test_a_clock_that_never_advances_or_seldom_does_changes_no_output(tick_every):
+    """Steps measured at 0 seconds: a frozen clock (every step; every size is then worth inf, and the
+    first, the root, is kept), or a coarse one that advances a whole second every `tick_every` calls
+    (a root-only step's estimate can be 0). The auto budget still chooses, learns outcomes and
+    compares its arms, all of which divide by those seconds, and the output is plain greedy's. The
+    kernels and the arms' comparison raised ZeroDivisionError there."""
+    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+
+    import draftcore
+    from draftcore.drafters import TrieDrafter
+
+    verifier = ToyVerifier(ToyModel(seed=4))
+    prompt = np.tile(np.arange(1, 9, dtype=np.int32), 6)
+    policy = CostAwareBudget()
+    calls = [0]
+
+    def clock():
+        calls[0] += 1
+        return 5.0 + (calls[0] // tick_every if tick_every else 0)
+    result = draftcore.speculate(verifier, prompt, max_new_tokens=200, drafter=TrieDrafter(), budget=policy,
+                                 clock=clock)
+    assert np.array_equal(result.tokens, plain_greedy(verifier, prompt, 200))

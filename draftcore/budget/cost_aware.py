@@ -191,7 +191,10 @@ class CostAwareBudget:
         # The arms compare tokens per root-only step at the step's own context, not per second: a
         # request's steps grow dearer as its context grows, and a pause trial late in a long
         # request must not lose to drafting steps measured early in it, or win against them.
-        drafting = self._trials.end_step(self._step, path.shape[0], seconds / self._contexts.unit())
+        unit = self._contexts.unit()
+        # a clock that never advanced (or one too coarse to see a root-only step) prices nothing:
+        # each step then counts as one root-only step
+        drafting = self._trials.end_step(self._step, path.shape[0], seconds / unit if unit > 0 else 1.0)
         without_candidates = self._costs.root_estimate(tree.n_lookahead)
         if without_candidates > 0:
             self._guard.learn(path.shape[0], seconds / without_candidates,
