@@ -13,6 +13,7 @@ from draftcore.budget import FixedBudget, LookaheadProbe
 from draftcore.budget.calibration import BINS, RANKS, Calibration, rank_buckets
 from draftcore.budget.costs import CostTable, menu
 from draftcore.budget.explore import HOPELESS
+from draftcore.budget.floor import FloorGuard
 from draftcore.errors import ConfigError
 from draftcore.jit import kernels
 from draftcore.protocols import BudgetPolicy
@@ -593,6 +594,12 @@ def test_the_choices_kernel_is_its_naive_twin(seed):
                                                        slack, max_loss, HOPELESS)
     np.testing.assert_allclose(value, want, rtol=1e-12, atol=0)
     assert (best, hopeless) == (want_best, want_hopeless)
+    # the kernel's cut is FloorGuard.affordable's (request_size asks it), not a rule of its own: no
+    # value here is 0 before the cut (a positive numerator over finite, NaN or non-positive seconds)
+    if estimates[0] > 0:
+        guard = FloorGuard(max_loss)
+        guard.slack = slack
+        assert np.array_equal(value == 0.0, ~guard.affordable(estimates[:n_menu] / estimates[0]))
 
 
 @pytest.mark.parametrize("tick_every", [0, 7, 2])

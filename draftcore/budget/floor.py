@@ -57,7 +57,7 @@ class FloorGuard:
     def affordable(self, step_units: np.ndarray) -> np.ndarray:
         """bool per menu entry, `step_units` its estimated cost in root-only steps: whether a step of
         that size that accepts nothing keeps the slack at or above zero (the root-only entry, 0,
-        always)."""
+        always). `choose` makes the same cut inside budget_kernels.menu_values; a test ties the two."""
         fits = step_units - (1.0 + self.max_loss) <= self.slack
         fits[0] = True
         return fits
