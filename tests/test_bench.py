@@ -231,16 +231,27 @@ def test_kernel_choices_are_reported_once_per_verifier():
                                        "other": {"split_head": False}}
 
 
+def _benchmark_script(name):
+    """A script of benchmarks/ imported as a module (not run)."""
+    import importlib.util
+    import sys
+    folder = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+    sys.path.insert(0, folder)   # the scripts import their _common
+    try:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
 def test_floor_prompts_have_the_asked_context_length_and_no_shared_text():
     """benchmarks/floor.py's prompts: about `context` tokens each (the chat template included), cut
     from different parts of the documentation."""
-    import importlib.util
     pytest.importorskip("transformers")
     from draftcore.tools.backends.prompts import load_tokenizer
-    spec = importlib.util.spec_from_file_location(
-        "floor", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "floor.py"))
-    floor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(floor)
+    floor = _benchmark_script("floor")
     tokenizer = load_tokenizer()
     document = floor.document_ids(tokenizer)
     for context in (100, 1000, 3000):
@@ -249,3 +260,22 @@ def test_floor_prompts_have_the_asked_context_length_and_no_shared_text():
         for p in prompts:
             assert abs(len(p.ids) - context) <= 0.05 * context + 5
         assert len({tuple(p.ids[-40:]) for p in prompts}) == 3
+
+
+@pytest.mark.parametrize("token_cost", [0.035, 0.14])
+def test_chain_replay_s_oracle_bounds_every_chain_proposer_it_replays(token_cost):
+    """benchmarks/chain_replay.py's headroom row: the oracle accepts at least as many tokens a step as
+    RowDrafter and vLLM's n-gram rule replayed the same way (same traces, same counting: prefill's
+    token is not a step's), and drafts only what it gets accepted. An oracle that counted one more
+    step a request (prefill's token as a step's, which replay does not count) falls below RowDrafter
+    here: a bound off in that way fails."""
+    chain = _benchmark_script("chain_replay")
+    traces = read_traces(REPO_TRACES)
+    k = 8
+    for dataset in ("humaneval", "mtbench"):
+        group = [t for t in traces if t.dataset == dataset][:20]
+        tokens, steps, drafted = chain.oracle(group, k)
+        assert drafted == tokens - steps
+        for propose in (chain.row_proposer(k, token_cost), lambda c: None if c is None else chain.vllm_ngram(c, k)):
+            t, s, _ = chain.replay(group, propose, k)
+            assert t == tokens and 1.0 < t / s <= tokens / steps + 1e-12, (dataset, t / s, tokens / steps)
