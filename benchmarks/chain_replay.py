@@ -113,8 +113,9 @@ def suffix_proposer(k, depth=24, factor=1.0, min_prob=0.1):
 
 
 def oracle(traces, k):
-    """(tokens, steps, drafted) of the oracle of the module docstring on `traces` under replay()'s
-    counting: prefill gives the first output token, which is therefore context, not a step's."""
+    """(tokens, steps, drafted) of the oracle of the module docstring on one dataset's `traces`,
+    under replay()'s counting: prefill gives the first output token, which is therefore context,
+    not a step's."""
     shifted = [Trace(t.dataset, t.idx, np.concatenate([t.prompt_ids, t.output_ids[:1]]), t.output_ids[1:])
                for t in traces if len(t.output_ids) > 1]
     tokens = sum(len(t.output_ids) for t in shifted)
