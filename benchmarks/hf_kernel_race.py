@@ -1,6 +1,5 @@
-"""What HFVerifier's construction-time kernel race picks on this machine, how steadily, what each
-pick costs afterwards, and what the run-time race of tree forwards makes of each (SmolLM2-135M
-fp32, CPU).
+"""What HFVerifier's construction-time kernel race picks on this machine, how steadily, and what
+each pick costs afterwards (SmolLM2-135M fp32, CPU).
 
     python benchmarks/hf_kernel_race.py [--constructions 8] [--reps 15] [--sizes 1,2,4,8,16]
                                         [--compare 0:unpacked,4:unpacked]
@@ -13,10 +12,6 @@ fp32, CPU).
    torch's own Linear, rows 0, and `W @ x.T` up to 4 rows without packing) verify a chain of each
    size after a 100-token prefill, interleaved, `--reps` times: milliseconds per verify + commit,
    median. This is what a choice costs once made, the race's noise aside.
-3. Each fresh construction of step 1 then verifies chains of every size above one, interleaved,
-   until its run-time race of tree forwards (fastest_forward.py: the model's forward and each way of
-   the split head, per tree size) has settled, and `--reps` times more: what a verify costs with
-   that construction once the race has kept a forward for every size, and which it kept.
 """
 from __future__ import annotations
 
@@ -30,14 +25,11 @@ import time
 import numpy as np
 from _common import write_json
 
-from draftcore.adapters.torch_hf.fastest_forward import TRIALS
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def construct_once(sizes, reps: int) -> dict:
-    """One fresh construction in this process: its choices and seconds, then what its run-time
-    race of tree forwards kept per size and what a verify costs once the race has settled."""
+def construct_once() -> dict:
+    """One fresh construction in this process: its choices and seconds."""
     from draftcore.adapters.torch_hf import HFVerifier
     from draftcore.tools.backends import load_backend
 
@@ -45,20 +37,15 @@ def construct_once(sizes, reps: int) -> dict:
     start = time.perf_counter()
     verifier = HFVerifier(model)
     seconds = time.perf_counter() - start
-    trees = [n for n in sizes if n > 1]
-    race_rounds = TRIALS * len(verifier._trees.forwards)   # every tree size's race settles within these
-    raced = chain_costs({"raced": verifier}, trees, race_rounds + reps)["raced"]
     return {"weight_major_rows": verifier.weight_major_rows, "packed_linear": bool(verifier.packed_linear),
-            "seconds": seconds, "tree_choices": verifier.kernel_choices.get("tree", {}),
-            "raced_seconds": {str(n): raced[n][race_rounds:] for n in trees}}
+            "seconds": seconds}
 
 
-def constructions(n: int, sizes, reps: int) -> list[dict]:
+def constructions(n: int) -> list[dict]:
     """`n` fresh constructions, each in its own process (a warm process would reuse the packed copy)."""
     found = []
     for _ in range(n):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", "--reps", str(reps),
-                              "--sizes", ",".join(map(str, sizes))], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one"], capture_output=True, text=True,
                              check=True).stdout
         found.append(json.loads(out.strip().splitlines()[-1]))
         print(" ", found[-1], flush=True)
@@ -67,33 +54,26 @@ def constructions(n: int, sizes, reps: int) -> list[dict]:
 
 def steady_costs(choices, sizes, reps: int) -> dict:
     """{(rows, packed): {size: [seconds per verify + commit]}}, all choices interleaved in one process."""
+    from draftcore import DraftTree
     from draftcore.adapters.torch_hf import HFVerifier
     from draftcore.tools.backends import load_backend
 
     model, _ = load_backend("hf").load_model(None, attn="sdpa")
     verifiers = {c: HFVerifier(model, weight_major_rows=c[0], packed_linear=c[1]) for c in choices}
-    seconds = chain_costs(verifiers, sizes, reps + 1)   # the first round warms up
-    return {c: {n: s[1:] for n, s in by_size.items()} for c, by_size in seconds.items()}
-
-
-def chain_costs(verifiers: dict, sizes, rounds: int) -> dict:
-    """{key: {size: [seconds per verify + commit]}}: after a 100-token prefill, `rounds` rounds that
-    verify a chain of each size through every verifier in turn."""
-    from draftcore import DraftTree
-
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 20000, 100).astype(np.int32)
     for verifier in verifiers.values():
         verifier.prefill(prompt)
-    seconds = {c: {n: [] for n in sizes} for c in verifiers}
-    for _ in range(rounds):
+    seconds = {c: {n: [] for n in sizes} for c in choices}
+    for rep in range(reps + 1):   # the first round warms up
         for n in sizes:
             tree = DraftTree.build(rng.integers(100, 20000, n).astype(np.int32), [-1] + list(range(n - 1)))
             for choice, verifier in verifiers.items():
                 start = time.perf_counter()
                 verifier.verify(tree)
                 verifier.commit(np.zeros(1, np.int32))
-                seconds[choice][n].append(time.perf_counter() - start)
+                if rep:
+                    seconds[choice][n].append(time.perf_counter() - start)
     return seconds
 
 
@@ -108,12 +88,12 @@ def main() -> int:
                     help="choices timed beside the picked ones, ROWS:packed|unpacked (0: torch's own Linear)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)   # a child: one construction
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
     if args.one:
-        print(json.dumps(construct_once(sizes, args.reps)))
+        print(json.dumps(construct_once()))
         return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
     print(f"{args.constructions} fresh constructions:", flush=True)
-    found = constructions(args.constructions, sizes, args.reps)
+    found = constructions(args.constructions)
     picked: dict[tuple, int] = {}
     for f in found:
         key = (f["weight_major_rows"], f["packed_linear"])
@@ -132,15 +112,8 @@ def main() -> int:
     steady = show_table(f"verify + commit of a chain after a 100-token prefill, ms (median of {args.reps})",
                         ["choice", *[f"{n} node{'s' if n > 1 else ''}" for n in sizes]],
                         [[label(c), *[f"{1e3 * np.median(costs[c][n]):.1f}" for n in sizes]] for c in choices])
-    trees = [n for n in sizes if n > 1]
-    raced = show_table(f"each fresh construction, its run-time race of tree forwards settled: verify + commit, ms "
-                       f"(median of {args.reps}), and what each size kept",
-                       ["construction's plan", *[f"{n} nodes" for n in trees], "tree forwards kept"],
-                       [[label((f["weight_major_rows"], f["packed_linear"])),
-                         *[f"{1e3 * np.median(f['raced_seconds'][str(n)]):.1f}" for n in trees],
-                         "; ".join(f"{k}: {v}" for k, v in f["tree_choices"].items())] for f in found])
     report = make_report("HFVerifier's kernel race: what fresh constructions pick, and what each pick costs",
-                         [picks, steady, raced], settings={"attn": "sdpa", "reps": args.reps})
+                         [picks, steady], settings={"attn": "sdpa", "reps": args.reps})
     records = {label(c): {str(n): costs[c][n] for n in sizes} for c in choices}
     print("wrote", write_json("hf_kernel_race.json", report, constructions=found, steady_seconds=records))
     return 0

@@ -17,7 +17,7 @@ import draftcore  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf import attention_backends, verifier as verifier_module  # noqa: E402
 from draftcore.adapters.torch_hf.fastest_forward import (  # noqa: E402
-    TRIALS, FastestForward, bucket_range, context_bucket, size_bucket, size_range)
+    TRIALS, FastestForward, bucket_range, context_bucket)
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 
@@ -46,39 +46,6 @@ def timed_forwards(clock, seconds):
 def test_buckets_are_powers_of_two_with_short_contexts_together():
     assert [context_bucket(n) for n in (0, 1, 255, 256, 511, 512, 1000, 3000)] == [8, 8, 8, 9, 9, 10, 10, 12]
     assert bucket_range(8) == "0-255" and bucket_range(10) == "512-1023"
-
-
-def test_size_buckets_are_powers_of_two_of_the_nodes():
-    assert [size_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 6]
-    assert [size_range(b) for b in (1, 2, 3, 6)] == ["2 nodes", "3-4 nodes", "5-8 nodes", "33-64 nodes"]
-
-
-def test_per_size_each_tree_size_keeps_its_own_forward_at_every_context():
-    """As on the CPU where `W @ x.T` wins for small trees and the packed weights for large ones:
-    each size bucket races once and its choice holds at any context (the Linear kernels' cost does
-    not grow with it)."""
-    clock = FakeClock()
-    nodes_of = {}
-    forwards, calls = timed_forwards(clock, {"split, weight-major": lambda n: 0.010 * nodes_of[n],
-                                             "split, packed": lambda n: 0.030 + 0.002 * nodes_of[n]})
-    chooser = FastestForward(forwards, clock, per="size")
-    n_past = 0
-    for nodes in (2, 8, 2, 8):
-        for _ in range(TRIALS):
-            n_past += 300   # the context grows past several context buckets
-            nodes_of[n_past] = nodes
-            chooser(None, n_past, nodes)
-    assert chooser.choices() == {"2 nodes": "split, weight-major", "5-8 nodes": "split, packed"}
-    calls.clear()
-    for nodes, want in ((2, "split, weight-major"), (6, "split, packed"), (8, "split, packed")):
-        nodes_of[n_past + 1] = nodes
-        assert chooser(None, n_past + 1, nodes) == want
-    assert len(calls) == 3
-
-
-def test_per_must_be_context_or_size():
-    with pytest.raises(ValueError, match="per"):
-        FastestForward({"generate": lambda token, n_past: n_past}, per="nodes")
 
 
 def test_each_bucket_alternates_then_keeps_the_faster():
@@ -172,8 +139,8 @@ def test_cudnn_twins_only_where_cudnn_attention_could_run():
     assert not attention_backends.cudnn_attention_may_run(cuda, torch.float32, "sdpa")
     assert not attention_backends.cudnn_attention_may_run(cuda, torch.bfloat16, "eager")
     assert not attention_backends.cudnn_attention_may_run(cpu, torch.bfloat16, "sdpa")
-    on_cpu = HFVerifier(tiny_llama(seed=0))
-    assert not [name for name in [*on_cpu._one_token.forwards, *on_cpu._trees.forwards] if "cuDNN" in name]
+    assert set(HFVerifier(tiny_llama(seed=0)).kernel_choices) == {"split_head", "weight_major_rows",
+                                                                  "packed_linear", "one_token"}
 
 
 def test_without_cudnn_restricts_sdpa_inside_the_call_only():
@@ -226,51 +193,3 @@ def test_trees_through_either_twin_equal_generate(monkeypatch, kept, context):
     assert sum(k * c for k, c in enumerate(result.stats.accepted_hist)) > 0   # trees were verified and used
     if kept is None and context > 512:
         assert "512-1023" in verifier.kernel_choices["tree"]
-
-
-def _packed_if_available():
-    """packed_linear=True where this torch build has oneDNN's Linear operators, else None."""
-    from draftcore.adapters.torch_hf import packed_linear
-    return True if packed_linear.available() else None
-
-
-@pytest.mark.parametrize("kept", [None, "model", "split, torch", "split, weight-major", "split, packed"])
-def test_cpu_trees_through_any_kept_forward_equal_generate(kept):
-    """On CPU a measured verifier races, per tree size, the model's own tree forward and every way
-    of the split head: speculative greedy output equals generate()'s with the race running (None)
-    and with each forward kept at every size, and the kept one verifies every tree."""
-    model = tiny_llama(seed=0, max_position=1024)
-    rng = np.random.default_rng(5)
-    block = rng.integers(2, model.config.vocab_size, 30)
-    filler = rng.integers(2, model.config.vocab_size, 200)
-    prompt = np.concatenate([filler, block, block, block[:10]]).astype(np.int32)   # drafts that get accepted
-    with torch.inference_mode():
-        ids = torch.from_numpy(prompt).long()[None]
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
-                              eos_token_id=1, pad_token_id=1)[0, prompt.shape[0]:].numpy()
-    verifier = HFVerifier(model, packed_linear=_packed_if_available())
-    names = list(verifier._trees.forwards)
-    assert names[:3] == ["model", "split, torch", "split, weight-major"]
-    if kept == "split, packed" and kept not in names:
-        pytest.skip("optional part: this torch build has no oneDNN Linear operators (packed_linear)")
-    calls = []
-    if kept is not None:
-        verifier._trees.chosen = {bucket: kept for bucket in range(1, 8)}
-        forward = verifier._trees.forwards[kept]
-        verifier._trees.forwards[kept] = lambda inputs, n_past: calls.append(n_past) or forward(inputs, n_past)
-    sizes, verify = [], verifier.verify
-    verifier.verify = lambda tree, n_logits=0: sizes.append(len(tree)) or verify(tree, n_logits)
-    result = draftcore.speculate(verifier, prompt, max_new_tokens=40, budget=8, eos_token_id=1)
-    assert result.tokens.tolist() == want.tolist()
-    assert sum(k * c for k, c in enumerate(result.stats.accepted_hist)) > 0   # trees were verified and used
-    if kept is not None:
-        assert len(calls) == len([n for n in sizes if n > 1]) > 0
-    else:
-        assert set(verifier.kernel_choices["tree"].values()) <= set(names)
-
-
-def test_a_given_weight_major_rows_is_a_plan_kept_untimed():
-    """weight_major_rows given (a user's plan, or a pool's sibling taking the first's): trees run
-    the split head's plan, nothing raced."""
-    verifier = HFVerifier(tiny_llama(seed=0), weight_major_rows=2)
-    assert list(verifier._trees.forwards) == ["tree"] and "tree" not in verifier.kernel_choices

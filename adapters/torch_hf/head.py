@@ -19,9 +19,7 @@ memory, the logits match and it measures faster at construction), the decoder's 
 Linear layers run instead through oneDNN on weights packed once: 2x faster again for 8-16 rows.
 Trees of up to `SplitHead.weight_major_rows` nodes run the decoder's Linear layers as `W @ x.T`
 (weight_major.py) instead, packed weights or not, where that measured faster at construction: which
-of the three wins at which size changes with the machine's state (`_packed_plan`). That plan is a
-first guess: a verifier left to measure (HFVerifier's weight_major_rows=None) then races every way
-of `SplitHead.ways` and the model's own forward per tree size while decoding (fastest_forward.py).
+of the three wins at which size changes with the machine's state (`_packed_plan`).
 
 Only the model's public modules are called; nothing is patched. Whether decoder + head equals the
 model's forward is not assumed: `checked_split_head` runs both on a small tree-masked batch, as
@@ -55,45 +53,27 @@ class SplitHead:
         `WeightMajorLinear` (weight_major.py: its Linear layers as `W @ x.T` too); 0 never.
     packed: a `packed_linear.PackedLinears` of the decoder and head: every larger forward runs
         their Linear layers through oneDNN on the packed weights.
-    weight_major_checked: `WeightMajorLinear` was shown at construction to reproduce the model's
-        logits, so a forward of any size may run inside it (`ways`).
     """
 
     def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False, weight_major_rows: int = 0,
-                 packed: "packed_linear.PackedLinears | None" = None, weight_major_checked: bool = False):
+                 packed: "packed_linear.PackedLinears | None" = None):
         self._decoder = decoder
         self._head = head
         self.pad_single_row = pad_single_row
         self.weight_major_rows = weight_major_rows
         self.packed = packed
-        self.weight_major_checked = weight_major_checked or weight_major_rows > 0
 
-    @property
-    def ways(self) -> tuple[str, ...]:
-        """The ways of running the Linear layers that reproduce the model's logits here: "torch"
-        (torch's own Linear in the decoder), "weight-major" (`W @ x.T`) and "packed" (oneDNN on
-        the packed copies), where each was checked at construction."""
-        return (("torch",) + (("weight-major",) if self.weight_major_checked else ())
-                + (("packed",) if self.packed is not None else ()))
-
-    def planned_way(self, rows: int) -> str:
-        """The way construction's timing planned for a forward of `rows` tokens."""
-        if rows <= self.weight_major_rows:
-            return "weight-major"
-        return "torch" if self.packed is None else "packed"
-
-    def __call__(self, way: str | None = None, **forward_kwargs) -> torch.Tensor:
-        """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's.
-        way: one of `ways` (None: `planned_way` for the forward's size)."""
-        way = way or self.planned_way(forward_kwargs["input_ids"].shape[-1])
-        if way == "packed":
+    def __call__(self, **forward_kwargs) -> torch.Tensor:
+        """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's."""
+        rows = forward_kwargs["input_ids"].shape[-1]
+        if self.packed is not None and rows > self.weight_major_rows:
             with self.packed.mode():
                 hidden = self._decoder(**forward_kwargs).last_hidden_state[0]
             logits = self.packed.linear(hidden, self._head.weight, self._head.bias)
             if logits is not None:
                 return logits
         else:
-            with WeightMajorLinear() if way == "weight-major" else nullcontext():
+            with WeightMajorLinear() if rows <= self.weight_major_rows else nullcontext():
                 hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
         # a strided [n, vocab] view: fine for argmax and for .numpy()
         return weight_major_product(hidden, self._head.weight, self._head.bias, self.pad_single_row)
@@ -142,19 +122,17 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     if not reproduces(SplitHead(decoder, head)):
         return unsplit("the model's forward is more than its decoder and head")
     pad_single_row = two_rows_beat_one(head.weight)
-    weight_major_checked = weight_major_rows != 0 and reproduces(
-        SplitHead(decoder, head, weight_major_rows=len(tree)))
-    if not weight_major_checked:
+    if weight_major_rows != 0 and not reproduces(SplitHead(decoder, head, weight_major_rows=len(tree))):
         weight_major_rows = 0
     linears = _checked_packed(decoder, head, packed, reproduces, unsplit)
     if linears is not None:
         rows = _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, forced=bool(packed))
         if rows is not None:
             packed_linear.share(decoder, head, linears)
-            return SplitHead(decoder, head, pad_single_row, rows, linears, weight_major_checked)
+            return SplitHead(decoder, head, pad_single_row, rows, linears)
     if weight_major_rows is None:
         weight_major_rows = faster_rows(decoder, vocab_size, device)
-    return SplitHead(decoder, head, pad_single_row, weight_major_rows, weight_major_checked=weight_major_checked)
+    return SplitHead(decoder, head, pad_single_row, weight_major_rows)
 
 
 def _checked_packed(decoder, head, packed, reproduces, refuse):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from functools import partial
 
 import numpy as np
 import torch
@@ -59,10 +58,8 @@ class HFVerifier:
         (draftcore.selfcheck, with selfcheck.py's tolerance for the model's dtype).
     tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
     weight_major_rows: CPU only: trees of up to this many nodes run the decoder's Linear layers as
-        `W @ x.T` (weight_major.py), larger ones packed or through torch's Linear, a plan kept as
-        given; 0 turns `W @ x.T` off. None (default): construction times the decoder for a first
-        plan (~2 s for a 135M model), and then each tree size runs, after a few timed verifies,
-        the fastest of the model's own forward and every way of the split head (fastest_forward.py).
+        `W @ x.T` (weight_major.py); None (default) picks the size where that pays on this machine
+        by timing the decoder at construction (~2 s for a 135M model); 0 turns it off.
     packed_linear: CPU float32 only: run the decoder's and head's Linear layers of trees larger
         than weight_major_rows through oneDNN on copies of their weights packed once
         (packed_linear.py: SmolLM2-135M, 8 nodes 55 -> 28 ms a verify; the copies cost the weights'
@@ -117,22 +114,16 @@ class HFVerifier:
         # Where sdpa may run cuDNN's attention (CUDA, fp16/bf16), one-node and tree forwards each
         # race a twin without it (attention_backends.py).
         forwards = {"generate": self._generate_forward}
-        trees, trees_per = {"tree": self._tree_forward}, "context"
+        trees = {"tree": self._tree_forward}
         if self._split_head is not None:
             forwards["split"] = self._split_forward
         if cudnn_attention_may_run(self._device, self._dtype, attn):
             forwards["generate without cuDNN"] = without_cudnn(self._generate_forward)
             trees["tree without cuDNN"] = without_cudnn(self._tree_forward)
-        elif self._split_head is not None and weight_major_rows is None:
-            # CPU trees race the model's own forward and each of the split head's ways, per tree
-            # size; a given weight_major_rows is a plan the verifier keeps to instead.
-            trees, trees_per = {"model": self._model_tree_forward}, "size"
-            for way in self._split_head.ways:
-                trees[f"split, {way}"] = partial(self._split_tree_forward, way)
         # on a GPU a forward returns before its kernels finish: a timed trial waits for them
         wait = (lambda _: torch.cuda.synchronize(self._device)) if self._device.type == "cuda" else None
         self._one_token = FastestForward(forwards, wait=wait)
-        self._trees = FastestForward(trees, wait=wait, per=trees_per)
+        self._trees = FastestForward(trees, wait=wait)
         if self_check:
             check_tree_attention(self)
             self._one_token.forget()
@@ -240,7 +231,7 @@ class HFVerifier:
                 else:
                     forward = dict(tree_forward_inputs(tree, self._n_past, self._dtype, self._device),
                                    use_cache=True, **{self._verify_cache: self._cache})
-                    logits = self._trees(forward, self._n_past, n)
+                    logits = self._trees(forward, self._n_past)
                 result = self._to_host(logits, n_logits)
         except BaseException:
             kv_cache.truncate(self._cache, self._n_past)  # a failed forward may have grown some layers
@@ -263,17 +254,6 @@ class HFVerifier:
             return self._split_head(**forward)         # [n, vocab] on the model's device
         return _logits(self._model(**forward))[0]
 
-    def _model_tree_forward(self, forward: dict, n_past: int) -> torch.Tensor:
-        """[n, vocab] logits of one tree forward through the model's own forward (the cache passed
-        by the model's keyword, where `forward` names it by the decoder's)."""
-        forward = dict(forward)
-        forward[self._prefill_cache] = forward.pop(self._verify_cache)
-        return _logits(self._model(**forward))[0]
-
-    def _split_tree_forward(self, way: str, forward: dict, n_past: int) -> torch.Tensor:
-        """[n, vocab] logits of one tree forward through the split head's `way` (head.SplitHead)."""
-        return self._split_head(way, **forward)
-
     def _split_forward(self, token: torch.Tensor, n_past: int) -> torch.Tensor:
         """[1, vocab] logits of one token through the split head, without a mask (one query sees
         every cached position)."""
@@ -284,8 +264,7 @@ class HFVerifier:
     @property
     def kernel_choices(self) -> dict:
         """What construction and the races of forwards chose on this machine (for reports); "tree"
-        only where tree forwards race (CPU: per tree size, the model's forward or one of the split
-        head's ways; CUDA, fp16/bf16: per context, with or without cuDNN's attention)."""
+        only where tree forwards race (CUDA, fp16/bf16: with or without cuDNN's attention)."""
         head = self._split_head
         choices = {"split_head": head is not None, "weight_major_rows": self.weight_major_rows,
                    "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
