@@ -139,7 +139,7 @@ def test_cudnn_twins_only_where_cudnn_attention_could_run():
     assert not attention_backends.cudnn_attention_may_run(cuda, torch.float32, "sdpa")
     assert not attention_backends.cudnn_attention_may_run(cuda, torch.bfloat16, "eager")
     assert not attention_backends.cudnn_attention_may_run(cpu, torch.bfloat16, "sdpa")
-    assert set(HFVerifier(tiny_llama(seed=0)).kernel_choices) == {"split_head", "weight_major_rows",
+    assert set(HFVerifier(tiny_llama(seed=0)).kernel_choices) == {"split_head", "linear_ways",
                                                                   "packed_linear", "one_token"}
 
 

@@ -103,16 +103,15 @@ def tiny_models():
     return {attn: tiny_llama(seed=0, attn_implementation=attn) for attn in ATTENTIONS}
 
 
-@pytest.fixture(scope="module", params=[(0, False), (64, False), (0, True), (2, True)],
+@pytest.fixture(scope="module", params=[{1: "torch"}, {1: "weight-major"}, {1: "packed"},
+                                        {2: "weight-major", 3: "packed"}],
                 ids=["linear", "weight-major", "packed", "weight-major-then-packed"])
 def verifiers(tiny_models, request):
     """Every tree test runs four times: the decoder's Linear layers as torch runs them, all of them
     as `W @ x.T` inside WeightMajorLinear (weight_major.py), all of them (the head too) through
     oneDNN on packed weights (packed_linear.py), and forwards of 1-2 tokens as `W @ x.T`, larger
     ones packed; on the tiny models timing would pick by chance."""
-    rows, packed = request.param
-    return {attn: HFVerifier(model, weight_major_rows=rows, packed_linear=packed)
-            for attn, model in tiny_models.items()}
+    return {attn: HFVerifier(model, linear_ways=request.param) for attn, model in tiny_models.items()}
 
 
 # ------------------------------------------------------------------ tree forwards
@@ -312,7 +311,7 @@ def _copy_into(cls, seed=0):
 
 def test_split_head_is_used_on_cpu_for_a_plain_linear_head(verifiers):
     assert all(v.split_head for v in verifiers.values())  # so the tree tests above exercise it
-    assert len({(v.weight_major_rows, v.packed_linear) for v in verifiers.values()}) == 1
+    assert len({tuple(v.linear_ways.items()) for v in verifiers.values()}) == 1
 
 
 def test_packed_linear_equals_f_linear_repacks_changed_weights_and_passes_the_rest_through():
@@ -356,18 +355,21 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
     packed by default and refused when True; a bad value is a ConfigError."""
     model = tiny_models["sdpa"]
     first, second = HFVerifier(model, packed_linear=True), HFVerifier(model, packed_linear=True)
-    assert first.packed_linear and first.weight_major_rows in (0, 1, 2, 4, 8, 16)   # the split is measured
-    assert HFVerifier(model, packed_linear=True, weight_major_rows=3).weight_major_rows == 3   # or given
+    assert first.packed_linear and "packed" in first.linear_ways.values()
+    assert "torch" not in first.linear_ways.values()   # the packed weights stand in for torch's Linear
     assert first._split_head.packed is second._split_head.packed   # one copy of the weights per model
     assert not HFVerifier(model, packed_linear=False).packed_linear
+    assert "packed" not in HFVerifier(model, packed_linear=False).linear_ways.values()
     assert isinstance(HFVerifier(model).packed_linear, bool)
     sensitive = _copy_into(LinearSensitiveLlama)
-    assert not HFVerifier(sensitive, weight_major_rows=0).packed_linear
+    assert not HFVerifier(sensitive).packed_linear
     from draftcore.adapters.torch_hf import packed_linear   # copies made but not used are not kept
     assert packed_linear.shared(sensitive.get_decoder(), sensitive.get_output_embeddings()) is None
-    with pytest.raises(ConfigError, match="packed_linear: True, but the model's logits through oneDNN differ"):
+    with pytest.raises(ConfigError, match="packed_linear=True, but the model's logits through oneDNN differ"):
         HFVerifier(sensitive, packed_linear=True)
-    with pytest.raises(ConfigError, match="packed_linear: True, but the model's forward is more than"):
+    with pytest.raises(ConfigError, match="linear_ways=.*packed.*, but the model's logits through oneDNN differ"):
+        HFVerifier(sensitive, linear_ways={4: "torch", 16: "packed"})
+    with pytest.raises(ConfigError, match="packed_linear=True, but the model's forward is more than"):
         HFVerifier(_copy_into(ScaledLogitsLlama), packed_linear=True)
     double = tiny_llama(seed=0).double()
     assert not HFVerifier(double).packed_linear
@@ -376,6 +378,8 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
     for bad in (1, "yes", 0.5):
         with pytest.raises(ConfigError, match="packed_linear"):
             HFVerifier(model, packed_linear=bad)
+    with pytest.raises(ConfigError, match="runs some sizes packed, but packed_linear=False"):
+        HFVerifier(model, linear_ways={1: "packed"}, packed_linear=False)
 
 
 def test_packed_linear_by_default_only_where_the_copies_fit_in_memory(tiny_models, monkeypatch):
@@ -388,54 +392,81 @@ def test_packed_linear_by_default_only_where_the_copies_fit_in_memory(tiny_model
     assert 0 < nbytes and packed_linear.fits_in_memory(nbytes) and not packed_linear.fits_in_memory(2 ** 62)
     monkeypatch.setattr(packed_linear, "_available_memory", lambda: 4 * nbytes - 1)
     assert not packed_linear.fits_in_memory(nbytes)
-    monkeypatch.setattr(head, "_packed_plan", lambda *a, **k: 0)   # memory alone decides
+    # packed would win wherever it may run: memory alone decides
+    monkeypatch.setattr(head, "_linear_plan", lambda *args, **kw: ({1: args[-1][-1]}, {}))
     assert not HFVerifier(model).packed_linear
     assert HFVerifier(model, packed_linear=True).packed_linear
 
 
-# Planted medians (ms) of the decoder + head by (tokens, way): _packed_plan's choices follow them.
-_SLOW_MEMORY = {1: (58, 50, 51), 2: (70, 41, 50), 4: (75, 60, 52), 8: (80, 70, 53),   # torch, W @ x.T, packed
-                16: (95, 90, 60)}
+# Planted medians (ms) of the decoder + head by tokens: (torch's Linear, W @ x.T, packed).
+_SLOW_MEMORY = {1: (58, 50, 51), 2: (70, 41, 50), 4: (75, 60, 52), 8: (80, 70, 53), 16: (95, 90, 60)}
 _PACKED_EVERYWHERE = {1: (27, 26, 21), 2: (40, 24, 22), 4: (45, 30, 23), 8: (55, 40, 28), 16: (80, 60, 40)}
-_PACKED_TIES = {1: (58, 50, 52), 2: (70, 41, 43), 4: (75, 60, 58), 8: (80, 70, 69), 16: (95, 90, 88)}
+# construction's medians on the second 2-core EPYC: a split "from 1 token up" kept torch's Linear everywhere
+_SECOND_MACHINE = {1: (79, 107, 95), 2: (102, 95, 98), 4: (131, 98, 106), 8: (138, 126, 120), 16: (175, 174, 156)}
+_WEIGHT_MAJOR_EVERYWHERE = {1: (58, 50, 52), 2: (70, 41, 43), 4: (75, 50, 58), 8: (80, 70, 79), 16: (95, 88, 90)}
+_TIES = {n: (50, 50, 50) for n in (1, 2, 4, 8, 16)}
+_ALL = ("torch", "weight-major", "packed")
 
 
-@pytest.mark.parametrize("table,weight_major_rows,forced,want", [
-    (_SLOW_MEMORY, None, False, 2),         # W @ x.T up to 2 tokens, packed above: the least total time
-    (_PACKED_EVERYWHERE, None, False, 0),   # packed at every size
-    (_PACKED_TIES, None, False, None),      # no 10 % gained over W @ x.T: the copies are not worth it
-    (_PACKED_TIES, None, True, 2),          # asked for: packed, split where it is cheapest
-    (_SLOW_MEMORY, 4, False, 4),            # a given split is kept; packing still pays above it
-    (_SLOW_MEMORY, 8, False, 8),            # 8 given: packing still pays at 16
-    (_SLOW_MEMORY, 16, False, None),        # nothing left to pack among the measured sizes
-    (_SLOW_MEMORY, 0, False, 0),            # W @ x.T off: packed against torch's Linear alone
+@pytest.mark.parametrize("table,usable,want", [
+    (_SLOW_MEMORY, _ALL, "WW" + "PPP"),
+    (_PACKED_EVERYWHERE, _ALL, "PPPPP"),
+    (_SECOND_MACHINE, _ALL, "TWWPP"),
+    (_SECOND_MACHINE, ("torch", "weight-major"), "TWWWW"),
+    (_SECOND_MACHINE, ("torch", "packed"), "TPPPP"),
+    (_WEIGHT_MAJOR_EVERYWHERE, _ALL, "WWWWW"),
+    (_TIES, _ALL, "TTTTT"),            # torch's own Linear wins a tie
 ])
-def test_packed_plan_splits_by_measured_time(tiny_models, monkeypatch, table, weight_major_rows, forced, want):
-    """Which way runs which forward size follows the construction-time medians: `W @ x.T` for the
-    sizes up to the split, the packed weights above it, packing only where it saves 10 % of the
-    total over the best plan without it (unless asked for), and a given split kept as given."""
+def test_linear_plan_keeps_the_fastest_way_per_size(tiny_models, monkeypatch, table, usable, want):
+    """Which way runs which forward size follows construction's medians, size by size: the least
+    median among the usable ways (torch's own on a tie); only the usable ways are timed."""
     from draftcore.adapters.torch_hf import head, packed_linear
 
-    ways = ("torch", "weight-major", "packed")
     timed = []
 
     def planted(calls, reps=3):
         timed.extend(calls)
-        return {(n, way): table[n][ways.index(way)] / 1e3 for n, way in calls}
+        return {(n, way): table[n][_ALL.index(way)] / 1e3 for n, way in calls}
 
     monkeypatch.setattr(head, "interleaved_medians", planted)
     model = tiny_models["sdpa"]
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     linears = packed_linear.PackedLinears.of(decoder, lm_head)
-    got = head._packed_plan(decoder, lm_head, linears, model.config.vocab_size, torch.device("cpu"),
-                            weight_major_rows, forced)
-    assert got == want
-    assert ("weight-major" in {way for _, way in timed}) == (weight_major_rows != 0)
+    ways, timings = head._linear_plan(decoder, lm_head, linears, model.config.vocab_size, torch.device("cpu"),
+                                      list(usable))
+    assert "".join(way[0].upper() for _, way in sorted(ways.items())) == want
+    assert {way for _, way in timed} == set(usable)
+    assert timings[16] == {way: table[16][_ALL.index(way)] for way in usable}
+
+
+def test_packed_linear_true_runs_the_largest_trees_packed_even_where_w_x_t_wins(tiny_models, monkeypatch):
+    """Asked for, the packed weights stand in for torch's Linear: they run the sizes where they beat
+    `W @ x.T`, and the largest trees even where they beat it nowhere."""
+    from draftcore.adapters.torch_hf import head
+
+    real = head.interleaved_medians
+
+    def planted(table):
+        def medians(calls, reps=3):
+            if not all(isinstance(key, tuple) for key in calls):
+                return real(calls, reps)   # two_rows_beat_one
+            return {(n, way): table[n][_ALL.index(way)] / 1e3 for n, way in calls}
+        return medians
+
+    model = tiny_models["sdpa"]
+    monkeypatch.setattr(head, "interleaved_medians", planted(_WEIGHT_MAJOR_EVERYWHERE))
+    assert HFVerifier(model, packed_linear=True).linear_ways == {1: "weight-major", 2: "weight-major",
+                                                                 4: "weight-major", 8: "weight-major", 16: "packed"}
+    monkeypatch.setattr(head, "interleaved_medians", planted(_SECOND_MACHINE))
+    assert HFVerifier(model, packed_linear=True).linear_ways == {1: "packed", 2: "weight-major",
+                                                                 4: "weight-major", 8: "packed", 16: "packed"}
+    assert HFVerifier(model).linear_ways == {1: "torch", 2: "weight-major", 4: "weight-major", 8: "packed",
+                                             16: "packed"}
 
 
 def test_split_head_runs_small_forwards_weight_major_and_larger_ones_packed(tiny_models, monkeypatch):
-    """With weight_major_rows=2 and packed weights, forwards of 1-2 tokens never enter the packed
-    mode and larger ones do; every size gives the model's own logits."""
+    """With ways {2: weight-major, 16: packed}, forwards of 1-2 tokens never enter the packed mode
+    and larger ones do; every size gives the model's own logits."""
     from draftcore.adapters.torch_hf import packed_linear
     from draftcore.adapters.torch_hf.head import SplitHead
 
@@ -444,7 +475,9 @@ def test_split_head_runs_small_forwards_weight_major_and_larger_ones_packed(tiny
     entered = []
     mode = linears.mode
     monkeypatch.setattr(linears, "mode", lambda: entered.append(True) or mode())
-    split = SplitHead(model.get_decoder(), model.get_output_embeddings(), weight_major_rows=2, packed=linears)
+    split = SplitHead(model.get_decoder(), model.get_output_embeddings(), ways={2: "weight-major", 16: "packed"},
+                      packed=linears)
+    assert [split.way(n) for n in (1, 2, 3, 16, 40)] == ["weight-major"] * 2 + ["packed"] * 3
     for n in range(1, 6):
         ids = torch.arange(3, 3 + n)[None]
         del entered[:]
@@ -475,19 +508,26 @@ def test_weight_major_linear_equals_f_linear_or_passes_through():
         torch.nn.functional.linear(torch.ones(2, 16, dtype=torch.float64), weight)
 
 
-def test_weight_major_rows_is_measured_checked_and_validated(tiny_models):
-    """The default measures (an int from the menu of sizes); a model whose decoder gives other
-    logits inside the mode keeps torch's Linear; a bad value is a ConfigError."""
-    from draftcore.adapters.torch_hf.weight_major import faster_rows
+def test_linear_ways_are_measured_checked_and_validated(tiny_models):
+    """The default times each way at 1-16 tokens and reports what it kept; given ways are kept as
+    given and nothing is timed; a model whose decoder gives other logits inside the mode never runs
+    W @ x.T, and asking for it there is a ConfigError; a bad value is a ConfigError naming it."""
+    from draftcore.adapters.torch_hf.head import WAYS
 
     model = tiny_models["sdpa"]
-    assert HFVerifier(model).weight_major_rows in (0, 1, 2, 4, 8)
-    assert faster_rows(model.get_decoder(), model.config.vocab_size, torch.device("cpu"), margin=float("inf")) == 8
-    assert faster_rows(model.get_decoder(), model.config.vocab_size, torch.device("cpu"), margin=0.0) == 0
-    assert HFVerifier(_copy_into(LinearSensitiveLlama), weight_major_rows=8).weight_major_rows == 0
-    for bad in (-1, 2.5, "4"):
-        with pytest.raises(ConfigError, match="weight_major_rows"):
-            HFVerifier(model, weight_major_rows=bad)
+    measured = HFVerifier(model)
+    assert set(measured.linear_ways) == set(measured.linear_timings) == {1, 2, 4, 8, 16}
+    assert set(measured.linear_ways.values()) <= set(WAYS)
+    assert measured.kernel_choices["linear_ways"] == measured.linear_ways
+    given = HFVerifier(model, linear_ways={3: "weight-major", 9: "torch"})
+    assert given.linear_ways == {3: "weight-major", 9: "torch"} and given.linear_timings == {}
+    sensitive = _copy_into(LinearSensitiveLlama)
+    assert "weight-major" not in HFVerifier(sensitive).linear_ways.values()
+    with pytest.raises(ConfigError, match="linear_ways=.*, but the model's logits with its Linear layers as W @ x.T"):
+        HFVerifier(sensitive, linear_ways={8: "weight-major"})
+    for bad in ({}, [1], {0: "torch"}, {"4": "torch"}, {True: "torch"}, {2.0: "torch"}, {1: "fast"}):
+        with pytest.raises(ConfigError, match="linear_ways: expected a non-empty dict"):
+            HFVerifier(model, linear_ways=bad)
 
 
 @pytest.mark.parametrize("pad_single_row", [False, True])

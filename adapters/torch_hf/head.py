@@ -15,11 +15,16 @@ construction: 3.5-5.8 ms vs 10.4 here; on other CPUs GEMV may win). A tree of 4-
 less to verify, a one-node step ~10% less.
 
 Where oneDNN can take them (packed_linear.py: float32, a torch build with oneDNN, the copies fit in
-memory, the logits match and it measures faster at construction), the decoder's and the head's
-Linear layers run instead through oneDNN on weights packed once: 2x faster again for 8-16 rows.
-Trees of up to `SplitHead.weight_major_rows` nodes run the decoder's Linear layers as `W @ x.T`
-(weight_major.py) instead, packed weights or not, where that measured faster at construction: which
-of the three wins at which size changes with the machine's state (`_packed_plan`).
+memory, the logits match), the decoder's and the head's Linear layers can run instead through oneDNN
+on weights packed once; and the decoder's Linear layers can run as `W @ x.T` (weight_major.py). Which
+of the three ways wins changes with the tree size, the machine and its state, so construction times
+each at 1, 2, 4, 8 and 16 tokens and keeps, per size, the fastest (`SplitHead.ways`; `_linear_plan`).
+On this project's second 2-core EPYC, for example (construction's medians, ms):
+
+    tokens              1      2      4      8     16
+    torch's Linear     79    102    131    138    175
+    W @ x.T           107     95     98    126    174
+    packed             95     98    106    120    156
 
 Only the model's public modules are called; nothing is patched. Whether decoder + head equals the
 model's forward is not assumed: `checked_split_head` runs both on a small tree-masked batch, as
@@ -35,66 +40,96 @@ from functools import partial
 import numpy as np
 import torch
 
-from draftcore.errors import ConfigError
+from draftcore.errors import ConfigError, describe
 from draftcore.selfcheck import relative_error
 from draftcore.tree import DraftTree
 
 from .masks import tree_forward_inputs
 from . import packed_linear
 from .timing import interleaved_medians
-from .weight_major import WeightMajorLinear, faster_rows, leading_wins, weight_major_product
+from .weight_major import WeightMajorLinear, weight_major_product
+
+# How a split head's forward runs its Linear layers; the first, the framework's own, wins ties.
+WAYS = ("torch", "weight-major", "packed")
 
 
 class SplitHead:
     """Calls the decoder, then projects its last hidden states with `weight @ hidden.T` (+ bias).
 
     pad_single_row: compute a one-row projection as two identical rows (a GEMM, not a GEMV).
-    weight_major_rows: forwards of up to this many tokens run the decoder inside
-        `WeightMajorLinear` (weight_major.py: its Linear layers as `W @ x.T` too); 0 never.
-    packed: a `packed_linear.PackedLinears` of the decoder and head: every larger forward runs
-        their Linear layers through oneDNN on the packed weights.
+    ways: {tokens: way} (`WAYS`): a forward of n tokens runs the decoder's Linear layers the way of
+        the smallest key >= n (of the largest key beyond it): torch's own, inside
+        `WeightMajorLinear` (weight_major.py: as `W @ x.T`), or through oneDNN on `packed`. Default:
+        torch's own at every size.
+    packed: a `packed_linear.PackedLinears` of the decoder and head, for the "packed" ways.
+    timings: construction's medians behind `ways`, {tokens: {way: ms}} (for reports).
     """
 
-    def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False, weight_major_rows: int = 0,
-                 packed: "packed_linear.PackedLinears | None" = None):
+    def __init__(self, decoder, head: torch.nn.Linear, pad_single_row: bool = False,
+                 ways: dict[int, str] | None = None, packed: "packed_linear.PackedLinears | None" = None,
+                 timings: dict | None = None):
         self._decoder = decoder
         self._head = head
         self.pad_single_row = pad_single_row
-        self.weight_major_rows = weight_major_rows
+        self.ways = dict(sorted((ways or {1: "torch"}).items()))
         self.packed = packed
+        self.timings = timings or {}
+
+    def way(self, rows: int) -> str:
+        """How a forward of `rows` tokens runs its Linear layers."""
+        for size, way in self.ways.items():
+            if rows <= size:
+                return way
+        return way
 
     def __call__(self, **forward_kwargs) -> torch.Tensor:
         """[n, vocab] logits of the first (only) sequence; the kwargs are the model forward's."""
-        rows = forward_kwargs["input_ids"].shape[-1]
-        if self.packed is not None and rows > self.weight_major_rows:
+        way = self.way(forward_kwargs["input_ids"].shape[-1])
+        if way == "packed" and self.packed is not None:
             with self.packed.mode():
                 hidden = self._decoder(**forward_kwargs).last_hidden_state[0]
             logits = self.packed.linear(hidden, self._head.weight, self._head.bias)
             if logits is not None:
                 return logits
         else:
-            with WeightMajorLinear() if rows <= self.weight_major_rows else nullcontext():
+            with WeightMajorLinear() if way == "weight-major" else nullcontext():
                 hidden = self._decoder(**forward_kwargs).last_hidden_state[0]     # [n, hidden]
         # a strided [n, vocab] view: fine for argmax and for .numpy()
         return weight_major_product(hidden, self._head.weight, self._head.bias, self.pad_single_row)
 
 
+def checked_linear_ways(value) -> dict[int, str] | None:
+    """`HFVerifier(linear_ways=...)` as a {tokens: way} dict, or ConfigError naming what is wrong."""
+    if value is None:
+        return None
+    expected = f"a non-empty dict of tokens (int >= 1) to one of {', '.join(WAYS)}"
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"linear_ways: expected {expected}, got {describe(value)}")
+    ways = {}
+    for size, way in value.items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1 or way not in WAYS:
+            raise ConfigError(f"linear_ways: expected {expected}, got the entry {size!r}: {way!r}")
+        ways[int(size)] = way
+    return ways
+
+
 def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_size: int, tolerance: float,
-                       weight_major_rows: int | None = None, packed: bool | None = None):
+                       ways: dict[int, str] | None = None, packed: bool | None = None):
     """A SplitHead when it applies (CPU, a decoder and a plain Linear head) and reproduces the
     model's own logits on a small tree within `tolerance` (relative to the largest logit); None
     otherwise, and the verifier then calls the model's forward as it is.
 
-    weight_major_rows: the SplitHead's (None: measured, by `_packed_plan` where the weights are
-    packed, else by `weight_major.faster_rows`); 0 as well when the decoder inside
-    `WeightMajorLinear` does not reproduce the model's logits.
-    packed: run the Linear layers of forwards larger than weight_major_rows through oneDNN on
-    packed weights (packed_linear.py): True (ConfigError where it cannot), False (never), None
-    (where oneDNN has the weights' dtype, their copies fit in memory, the logits match and it
-    measures faster than going without: `_packed_plan`)."""
+    ways: the SplitHead's {tokens: way} (`checked_linear_ways`), each way checked against the
+    model's logits (ConfigError where one does not reproduce them); None: measured per size among
+    the ways that reproduce them (`_linear_plan`).
+    packed: the packed weights (packed_linear.py): True (made, ConfigError where they cannot be,
+    and they stand in for torch's Linear), False (never), None (where oneDNN has the weights'
+    dtype, their copies fit in memory, the logits match and they measure fastest at some size)."""
+    asked = ", ".join(filter(None, [f"linear_ways={ways}" if ways else "", "packed_linear=True" if packed else ""]))
+
     def unsplit(why: str):
-        if packed:
-            raise ConfigError(f"packed_linear: True, but {why}; pass packed_linear=None or False")
+        if asked:
+            raise ConfigError(f"{asked}, but {why}; pass linear_ways=None and packed_linear=None")
         return None
 
     if device.type != "cpu":
@@ -122,17 +157,29 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     if not reproduces(SplitHead(decoder, head)):
         return unsplit("the model's forward is more than its decoder and head")
     pad_single_row = two_rows_beat_one(head.weight)
-    if weight_major_rows != 0 and not reproduces(SplitHead(decoder, head, weight_major_rows=len(tree))):
-        weight_major_rows = 0
-    linears = _checked_packed(decoder, head, packed, reproduces, unsplit)
-    if linears is not None:
-        rows = _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, forced=bool(packed))
-        if rows is not None:
-            packed_linear.share(decoder, head, linears)
-            return SplitHead(decoder, head, pad_single_row, rows, linears)
-    if weight_major_rows is None:
-        weight_major_rows = faster_rows(decoder, vocab_size, device)
-    return SplitHead(decoder, head, pad_single_row, weight_major_rows)
+    usable = ["torch"]
+    if ways is None or "weight-major" in ways.values():
+        if reproduces(SplitHead(decoder, head, ways={1: "weight-major"})):
+            usable.append("weight-major")
+        elif ways is not None:
+            unsplit("the model's logits with its Linear layers as W @ x.T differ from its own forward")
+    linears = None
+    if ways is None or "packed" in ways.values() or packed:
+        linears = _checked_packed(decoder, head, True if ways else packed, reproduces, unsplit)
+    if packed is False and ways and "packed" in ways.values():
+        raise ConfigError(f"linear_ways={ways} runs some sizes packed, but packed_linear=False")
+    timings = {}
+    if ways is None:
+        if linears is not None:
+            usable = [way for way in usable if way != "torch" or not packed] + ["packed"]
+        ways, timings = _linear_plan(decoder, head, linears, vocab_size, device, usable)
+        if packed and "packed" not in ways.values():
+            ways[max(ways)] = "packed"   # asked for: the largest trees run packed at least
+    if "packed" not in ways.values():
+        linears = None                   # copies that are not used are not kept
+    elif linears is not None:
+        packed_linear.share(decoder, head, linears)
+    return SplitHead(decoder, head, pad_single_row, ways, linears, timings)
 
 
 def _checked_packed(decoder, head, packed, reproduces, refuse):
@@ -154,54 +201,30 @@ def _checked_packed(decoder, head, packed, reproduces, refuse):
         if linears is not None:
             return linears   # checked and chosen for an earlier verifier of this model
         linears = packed_linear.PackedLinears.of(decoder, head)
-        if not reproduces(SplitHead(decoder, head, packed=linears)):
+        if not reproduces(SplitHead(decoder, head, ways={1: "packed"}, packed=linears)):
             why = "the model's logits through oneDNN differ from its own forward"
     return refuse(why) if why is not None else linears
 
 
-def _packed_plan(decoder, head, linears, vocab_size, device, weight_major_rows, forced: bool,
-                 sizes=(1, 2, 4, 8, 16), margin: float = 0.9) -> int | None:
-    """How the packed weights should be used, from the decoder and head timed at `sizes` three ways
-    (torch's Linear, `W @ x.T` where allowed, the packed weights): the number of rows up to which a
-    forward still runs unpacked, as `W @ x.T` (larger ones run packed), or None where packing
-    should not be used.
+def _linear_plan(decoder, head, linears, vocab_size, device, usable, sizes=(1, 2, 4, 8, 16)):
+    """({tokens: way}, {tokens: {way: ms}}): the decoder and head timed at each of `sizes` each
+    `usable` way (`timing.interleaved_medians`), and the fastest kept per size.
 
-    Each way wins at some sizes: on this project's 2-core EPYC the packed weights once took a
-    one-token forward from 27 to 21 ms, and in a later, slower state of the same machine tied with
-    `W @ x.T` at one token (~50 ms) while still cutting 8 tokens from ~70 to ~53 ms. So the split
-    is measured: weight_major_rows (None: the split with the least total time over `sizes`;
-    otherwise as given). Unless `forced`, packing is used only where that plan's total time is at
-    most `margin` of the best plan without it (`W @ x.T` up to the sizes where it beats torch's
-    Linear by `margin`, as weight_major.faster_rows picks): the copies cost memory, and the margin
-    keeps a tie from buying them by chance.
-
-    The sizes reach 16 tokens, a tree the auto budget verifies on code, because packing's gain grows
-    with the size. Raced only up to 8 on SmolLM2 here, packing's total sat at the margin (0.905 of
-    the plan without it), and fresh constructions took it 2 times in 6; yet in steady state the
-    packed plan verified 16 nodes in 59 ms against 84 ms unpacked, and tied at 1 and 2."""
-    if forced and weight_major_rows is not None:
-        return weight_major_rows   # nothing left to choose (a pool's sibling verifiers take the first's)
+    The sizes reach 16 tokens, a tree the auto budget verifies on code. Per size, not "from 1 token
+    up": on the second 2-core EPYC, `W @ x.T` lost at one token (107 against torch's 79 ms) and won
+    at 2-8, while packing won only at 8-16 and by ~10 %; a split from 1 token up kept neither there
+    (design.md, the HF backend). The packed copies cost the weights' memory again, which
+    `packed_linear.fits_in_memory` bounds before they are made."""
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, vocab_size, max(sizes))).to(device)[None]
-    modes = ["torch", "packed"] + (["weight-major"] if weight_major_rows != 0 else [])
-    splits = {"torch": SplitHead(decoder, head), "packed": SplitHead(decoder, head, packed=linears),
-              "weight-major": SplitHead(decoder, head, weight_major_rows=max(sizes))}
+    splits = {way: SplitHead(decoder, head, ways={1: way}, packed=linears) for way in usable}
 
-    def forward(n, mode):
-        splits[mode](input_ids=ids[:, :n], use_cache=False)
+    def forward(n, way):
+        splits[way](input_ids=ids[:, :n], use_cache=False)
 
-    seconds = interleaved_medians({(n, mode): partial(forward, n, mode) for n in sizes for mode in modes})
-
-    def total(unpacked_rows: int, large: str) -> float:
-        return sum(seconds[n, "weight-major" if n <= unpacked_rows else large] for n in sizes)
-
-    candidates = [0, *sizes] if weight_major_rows is None else [weight_major_rows]
-    rows = min(candidates, key=lambda k: total(k, "packed"))
-    if forced:
-        return rows
-    unpacked_rows = weight_major_rows
-    if unpacked_rows is None:   # as faster_rows picks
-        unpacked_rows = leading_wins(seconds, sizes, "weight-major", "torch", margin)
-    return rows if total(rows, "packed") <= margin * total(unpacked_rows, "torch") else None
+    seconds = interleaved_medians({(n, way): partial(forward, n, way) for n in sizes for way in usable})
+    ways = {n: min(usable, key=lambda way: (seconds[n, way], WAYS.index(way))) for n in sizes}
+    timings = {n: {way: round(1e3 * seconds[n, way], 2) for way in usable} for n in sizes}
+    return ways, timings
 
 
 def decoder_of(model):

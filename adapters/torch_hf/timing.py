@@ -1,5 +1,5 @@
-"""Construction-time timing of alternative kernels on this machine (the choices head.py and
-weight_major.py make per CPU)."""
+"""Construction-time timing of alternative kernels on this machine (head.py's choice, per tree
+size, among torch's Linear, weight_major.py and packed_linear.py)."""
 from __future__ import annotations
 
 import time

@@ -15,9 +15,9 @@ The model is not patched or wrapped: only its public forward is called, with a 4
 positions and a cache owned here. On CPU, verify calls the model's own decoder and output Linear in
 two steps instead (head.py: `W @ hidden.T` is 2-6x faster than torch's GEMM for a few rows), when a
 check at construction shows the two give the forward's logits. Inside that forward the Linear layers
-run through oneDNN on copies of their weights packed once at construction (packed_linear.py), and
-small trees run them as `W @ x.T` (weight_major.py), each for the tree sizes where it measures
-faster on this machine. A model that
+run as torch runs them, through oneDNN on copies of their weights packed once at construction
+(packed_linear.py), or as `W @ x.T` (weight_major.py), per tree size the way that measured fastest
+at construction on this machine. A model that
 ignores the 4-D mask would silently give wrong logits, so the constructor checks it on a small
 branching tree against its own one-token-per-forward decoding (draftcore.selfcheck; tolerances and advice in selfcheck.py).
 """
@@ -37,7 +37,7 @@ from draftcore.validate import positive_int, token_array
 from . import kv_cache
 from .attention_backends import cudnn_attention_may_run, without_cudnn
 from .fastest_forward import FastestForward
-from .head import checked_split_head, decoder_of
+from .head import checked_linear_ways, checked_split_head, decoder_of
 from .masks import tree_forward_inputs
 from .selfcheck import check_tree_attention, tolerance
 
@@ -57,20 +57,23 @@ class HFVerifier:
         decoding, one token per forward; raise BackendError if the model ignores the tree mask
         (draftcore.selfcheck, with selfcheck.py's tolerance for the model's dtype).
     tokenizer: optional; gives `encode`/`decode` so `draftcore.speculate` accepts text.
-    weight_major_rows: CPU only: trees of up to this many nodes run the decoder's Linear layers as
-        `W @ x.T` (weight_major.py); None (default) picks the size where that pays on this machine
-        by timing the decoder at construction (~2 s for a 135M model); 0 turns it off.
-    packed_linear: CPU float32 only: run the decoder's and head's Linear layers of trees larger
-        than weight_major_rows through oneDNN on copies of their weights packed once
-        (packed_linear.py: SmolLM2-135M, 8 nodes 55 -> 28 ms a verify; the copies cost the weights'
-        memory again). None (default): where the copies take at most a quarter of the free memory
-        and it measures faster at construction; True: always (ConfigError where it cannot);
-        False: never. Weights changed through `.data` afterwards are not seen by the copies: build
-        a new verifier then.
+    linear_ways: CPU only: how a forward of each size runs the Linear layers, {tokens: way} with
+        way "torch" (torch's own), "weight-major" (`W @ x.T`, weight_major.py) or "packed" (oneDNN
+        on packed copies of the weights, packed_linear.py); a tree of n nodes takes the way of the
+        smallest key >= n, beyond the largest key that key's way. None (default): timed at
+        construction at 1, 2, 4, 8 and 16 tokens (a few seconds for a 135M model), the fastest
+        way kept per size. Given (e.g. another verifier's `linear_ways` on this machine), nothing is
+        timed, and a way that cannot run or does not give the model's logits is a ConfigError.
+    packed_linear: CPU float32 only: the packed copies of the weights (SmolLM2-135M, 16 nodes
+        175 -> 156 ms at construction on a 2-core EPYC; the copies cost the weights' memory again).
+        None (default): made where they take at most a quarter of the free memory, kept where they
+        measure fastest at some size; True: made (ConfigError where they cannot be) and standing in
+        for torch's Linear at every size; False: never. Weights changed through `.data` afterwards
+        are not seen by the copies: build a new verifier then.
     """
 
     def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None,
-                 weight_major_rows: int | None = None, packed_linear: bool | None = None):
+                 linear_ways: dict[int, str] | None = None, packed_linear: bool | None = None):
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ConfigError(f"model: expected a transformers causal LM (with .config), got {describe(model)}")
@@ -91,8 +94,7 @@ class HFVerifier:
         self._dtype = getattr(model, "dtype", weight.dtype)   # the mask dtype must match the scores
         self._vocab_size = positive_int("model.config.vocab_size", getattr(text_config, "vocab_size", None))
         self._max_context = _max_context(text_config, max_context)
-        if weight_major_rows is not None:
-            weight_major_rows = positive_int("weight_major_rows", weight_major_rows, minimum=0)
+        linear_ways = checked_linear_ways(linear_ways)
         if packed_linear is not None and not isinstance(packed_linear, bool):
             raise ConfigError(f"packed_linear: expected None, True or False, got {describe(packed_linear)}")
         # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
@@ -105,7 +107,7 @@ class HFVerifier:
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
-                                              tolerance(self._dtype, self._device), weight_major_rows, packed_linear)
+                                              tolerance(self._dtype, self._device), linear_ways, packed_linear)
         # The cache argument's name (`cache` since transformers 5.24) as the forward that verify calls declares it
         self._prefill_cache = kv_cache.cache_keyword(model)
         self._verify_cache = kv_cache.cache_keyword(decoder_of(model) if self._split_head is not None else model)
@@ -163,15 +165,21 @@ class HFVerifier:
         return self._split_head is not None
 
     @property
-    def weight_major_rows(self) -> int:
-        """Trees of up to this many nodes run the decoder's Linear layers as `W @ x.T` (CPU;
-        weight_major.py); 0 when never."""
-        return 0 if self._split_head is None else self._split_head.weight_major_rows
+    def linear_ways(self) -> dict[int, str] | None:
+        """How a forward of each size runs the Linear layers (CPU: {tokens: way}, as the
+        `linear_ways` argument takes it); None where every forward is the model's own."""
+        return None if self._split_head is None else dict(self._split_head.ways)
+
+    @property
+    def linear_timings(self) -> dict:
+        """Construction's medians behind `linear_ways`, {tokens: {way: ms}}; empty where nothing
+        was timed (given ways, or no split head)."""
+        return {} if self._split_head is None else self._split_head.timings
 
     @property
     def packed_linear(self) -> bool:
-        """True when verify runs the Linear layers of trees larger than weight_major_rows through
-        oneDNN on packed weights (CPU; packed_linear.py)."""
+        """True when verify runs the Linear layers of some tree sizes through oneDNN on packed
+        weights (CPU; packed_linear.py)."""
         return self._split_head is not None and self._split_head.packed is not None
 
     @property
@@ -266,7 +274,7 @@ class HFVerifier:
         """What construction and the races of forwards chose on this machine (for reports); "tree"
         only where tree forwards race (CUDA, fp16/bf16: with or without cuDNN's attention)."""
         head = self._split_head
-        choices = {"split_head": head is not None, "weight_major_rows": self.weight_major_rows,
+        choices = {"split_head": head is not None, "linear_ways": self.linear_ways,
                    "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
         if len(self._trees.forwards) > 1:
             choices["tree"] = self._trees.choices()
@@ -374,7 +382,7 @@ class HFVerifier:
     def __repr__(self) -> str:
         return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
                 f"n_past={self._n_past}, max_context={self._max_context}, split_head={self.split_head}, "
-                f"packed_linear={self.packed_linear}, weight_major_rows={self.weight_major_rows})")
+                f"linear_ways={self.linear_ways})")
 
 
 def _max_context(text_config, max_context) -> int:

@@ -65,7 +65,7 @@ class VerifierPool:
             # the next ones reuse its findings instead of repeating a ~2 s check per verifier
             # (and its packed weights: packed_linear.shared).
             verifier = (HFVerifier(self.model) if first is None else
-                        HFVerifier(self.model, self_check=False, weight_major_rows=first.weight_major_rows,
+                        HFVerifier(self.model, self_check=False, linear_ways=first.linear_ways,
                                    packed_linear=first.packed_linear))
         except BaseException:
             with self._lock:

@@ -13,7 +13,7 @@ Linear layers of SmolLM2-135M (fp32, weights cold in cache as in decoding; media
 so a one-row product is best computed as two identical rows. The whole decoder forward gains less
 (1 → 2 tokens: 50 → 41 and 74 → 55 ms), because every torch call inside the mode pays ~3 us of
 Python dispatch (~2,000 calls per SmolLM2 forward), which is why the mode is entered only for the
-tree sizes where `faster_rows` measured it to win on this machine.
+tree sizes where it measured fastest at construction (head.py, `_linear_plan`).
 
 `WeightMajorLinear` is a `torch.overrides.TorchFunctionMode`: the documented way to override torch
 functions inside a `with` block, on the calling thread only. The model, its modules and torch itself
@@ -23,15 +23,9 @@ head's construction check (head.py) runs the mode on a tree-masked batch against
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-from functools import partial
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-
-from .timing import interleaved_medians
 
 _PLAIN_WEIGHTS = (torch.Tensor, torch.nn.Parameter)
 
@@ -70,31 +64,3 @@ def weight_major_product(x: torch.Tensor, weight: torch.Tensor, bias=None, pad_s
         x = x.repeat(2, 1)  # a real copy: an expand()ed row is slower than either
     out = torch.matmul(weight, x.T).T[:rows]
     return out if bias is None else out + bias
-
-
-def faster_rows(decoder, vocab_size: int, device: torch.device, sizes=(1, 2, 4, 8), reps: int = 3,
-                margin: float = 0.9) -> int:
-    """The largest of `sizes` up to which the decoder forward inside `WeightMajorLinear` takes at
-    most `margin` of its time outside at every measured size (0: never). Medians of `reps`
-    interleaved runs after one warm-up each; the margin keeps sizes near break-even (SmolLM2 here:
-    6-8 tokens, where the two differ by less than the run-to-run noise) from being picked by chance."""
-    ids = torch.from_numpy(np.random.default_rng(0).integers(0, vocab_size, max(sizes))).to(device)[None]
-
-    def forward(n, mode):
-        with WeightMajorLinear() if mode else nullcontext():
-            decoder(input_ids=ids[:, :n], use_cache=False)
-
-    seconds = interleaved_medians({(n, mode): partial(forward, n, mode) for n in sizes for mode in (False, True)},
-                                  reps)
-    return leading_wins(seconds, sizes, True, False, margin)
-
-
-def leading_wins(seconds, sizes, way, other, margin: float) -> int:
-    """The largest of `sizes` up to which seconds[n, way] is at most `margin` of seconds[n, other]
-    at every size (0: not even the first)."""
-    best = 0
-    for n in sizes:
-        if seconds[n, way] > margin * seconds[n, other]:
-            break
-        best = n
-    return best
