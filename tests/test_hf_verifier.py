@@ -380,6 +380,9 @@ def test_packed_linear_is_checked_chosen_and_validated(tiny_models):
             HFVerifier(model, packed_linear=bad)
     with pytest.raises(ConfigError, match="runs some sizes packed, but packed_linear=False"):
         HFVerifier(model, linear_ways={1: "packed"}, packed_linear=False)
+    with pytest.raises(ConfigError, match="runs no sizes packed, but packed_linear=True"):
+        HFVerifier(model, linear_ways={1: "torch"}, packed_linear=True)
+    assert HFVerifier(model, linear_ways={4: "torch", 16: "packed"}, packed_linear=True).packed_linear
 
 
 def test_packed_linear_by_default_only_where_the_copies_fit_in_memory(tiny_models, monkeypatch):

@@ -132,6 +132,9 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
             raise ConfigError(f"{asked}, but {why}; pass linear_ways=None and packed_linear=None")
         return None
 
+    if ways is not None and packed is not None and packed != ("packed" in ways.values()):
+        raise ConfigError(f"linear_ways={ways} runs {'some' if packed is False else 'no'} sizes packed, "
+                          f"but packed_linear={packed}")
     if device.type != "cpu":
         return unsplit(f"the model is on {device.type}")  # GPU GEMMs read the weight in place already
     decoder = decoder_of(model)
@@ -166,8 +169,6 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     linears = None
     if ways is None or "packed" in ways.values() or packed:
         linears = _checked_packed(decoder, head, True if ways else packed, reproduces, unsplit)
-    if packed is False and ways and "packed" in ways.values():
-        raise ConfigError(f"linear_ways={ways} runs some sizes packed, but packed_linear=False")
     timings = {}
     if ways is None:
         if linears is not None:
