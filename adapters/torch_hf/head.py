@@ -164,8 +164,9 @@ def checked_split_head(model, device: torch.device, dtype: torch.dtype, vocab_si
     if ways is None or "weight-major" in ways.values():
         if reproduces(SplitHead(decoder, head, ways={1: "weight-major"})):
             usable.append("weight-major")
-        elif ways is not None:
-            unsplit("the model's logits with its Linear layers as W @ x.T differ from its own forward")
+        elif ways is not None:   # asked for by name, so refused rather than left out
+            raise ConfigError(f"{asked}, but the model's logits with its Linear layers as W @ x.T differ "
+                              "from its own forward; pass linear_ways=None and packed_linear=None")
     linears = None
     if ways is None or "packed" in ways.values() or packed:
         linears = _checked_packed(decoder, head, True if ways else packed, reproduces, unsplit)
