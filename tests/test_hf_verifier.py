@@ -678,7 +678,7 @@ class CacheIgnoringLlama(LlamaForCausalLM):
 
 
 def test_a_model_that_ignores_the_cache_is_a_backend_error():
-    with pytest.raises(BackendError, match="does not use the DynamicCache"):
+    with pytest.raises(BackendError, match="does not use the KV cache"):
         HFVerifier(_copy_into(CacheIgnoringLlama))
     verifier = HFVerifier(_copy_into(CacheIgnoringLlama), self_check=False)
     with pytest.raises(BackendError, match="after prefill the KV cache holds 0 positions, expected 5"):

@@ -2,7 +2,7 @@
 
 One tree forward::
 
-    cache (DynamicCache)   [ context: n_past positions | tree: n nodes ]
+    cache (kv_cache.py)    [ context: n_past positions | tree: n nodes ]
     input_ids     int64[1, n]           tree.tokens
     position_ids  int64[1, n]           n_past + tree.depths
     attention_mask float[1, 1, n, n_past + n]   additive: 0 where seen, dtype-min where not
@@ -101,7 +101,7 @@ class HFVerifier:
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
 
-        self._cache = None          # DynamicCache once prefilled
+        self._cache = None          # kv_cache.new_cache() once prefilled
         self._n_past = 0            # committed tokens in the cache
         self._tree = None           # last verified, not yet committed DraftTree (its KV follows n_past)
 
@@ -200,7 +200,7 @@ class HFVerifier:
         if prompt.shape[0] > self._max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
         self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale one
-        cache = kv_cache.new_cache()
+        cache = kv_cache.new_cache(self._max_context)
         with torch.inference_mode():
             ids = torch.from_numpy(prompt).to(self._device, torch.long)[None]
             positions = torch.arange(prompt.shape[0], device=self._device)[None]
@@ -377,7 +377,7 @@ class HFVerifier:
             self.reset()
             raise BackendError(
                 f"{type(self._model).__name__}.forward: after {where} the KV cache holds {got} positions, "
-                f"expected {expected}; the model does not use the DynamicCache it was passed")
+                f"expected {expected}; the model does not use the KV cache it was passed")
 
     def __repr__(self) -> str:
         return (f"HFVerifier({type(self._model).__name__}, device={self._device}, dtype={self._dtype}, "
