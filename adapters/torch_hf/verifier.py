@@ -70,10 +70,18 @@ class HFVerifier:
         measure fastest at some size; True: made (ConfigError where they cannot be) and standing in
         for torch's Linear at every size; False: never. Weights changed through `.data` afterwards
         are not seen by the copies: build a new verifier then.
+    reuse_prefix: True (default): `prefill` keeps the cached KV of the longest prefix the new prompt
+        shares with the tokens already in the cache (the last request's prompt and output), and
+        runs only the rest of the prompt: a shared system prompt or tool schema, or a chat's earlier
+        turns, is computed once. The kept positions' KV is what earlier forwards computed, so the
+        logits may differ from a fresh prefill's in the last bits, as a tree verify's do (a
+        near-tie may then decode differently from plain decoding). False: every prefill runs the
+        whole prompt from an empty cache.
     """
 
     def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None,
-                 linear_ways: dict[int, str] | None = None, packed_linear: bool | None = None):
+                 linear_ways: dict[int, str] | None = None, packed_linear: bool | None = None,
+                 reuse_prefix: bool = True):
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ConfigError(f"model: expected a transformers causal LM (with .config), got {describe(model)}")
@@ -97,6 +105,9 @@ class HFVerifier:
         linear_ways = checked_linear_ways(linear_ways)
         if packed_linear is not None and not isinstance(packed_linear, bool):
             raise ConfigError(f"packed_linear: expected None, True or False, got {describe(packed_linear)}")
+        if not isinstance(reuse_prefix, bool):
+            raise ConfigError(f"reuse_prefix: expected True or False, got {describe(reuse_prefix)}")
+        self._reuse_prefix = reuse_prefix
         # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
@@ -104,6 +115,8 @@ class HFVerifier:
         self._cache = None          # kv_cache.new_cache() once prefilled
         self._n_past = 0            # committed tokens in the cache
         self._tree = None           # last verified, not yet committed DraftTree (its KV follows n_past)
+        self._ids = np.empty(0, np.int32)   # the committed tokens, [:n_past] (what a prefill may reuse)
+        self._prefix_reused = 0     # prompt tokens whose KV the last prefill kept
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
         self._split_head = checked_split_head(model, self._device, self._dtype, self._vocab_size,
@@ -142,6 +155,11 @@ class HFVerifier:
     def n_past(self) -> int:
         """Committed tokens whose KV is in the cache (prompt + accepted tokens, root excluded)."""
         return self._n_past
+
+    @property
+    def prefix_reused(self) -> int:
+        """Prompt tokens whose cached KV the last `prefill` kept (reuse_prefix), 0 for a fresh one."""
+        return self._prefix_reused
 
     @property
     def max_context(self) -> int:
@@ -194,23 +212,51 @@ class HFVerifier:
 
         Returns (int32[1] the last position's argmax, taken on the model's device;
         float32[n_logits, vocab_size] its logits), n_logits 0 or 1. Afterwards n_past == T.
+        With reuse_prefix, the KV of the longest prefix (at most T - 1 tokens: the last position's
+        logits need a forward) shared with the committed tokens is kept, and only the rest runs.
         """
         n_logits = check_n_logits(n_logits, 1)
         prompt = token_array("prompt", prompt, self._vocab_size)
         if prompt.shape[0] > self._max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
-        self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale one
-        cache = kv_cache.new_cache(self._max_context)
+        keep = self._shared_prefix(prompt)
+        if keep:
+            cache = self._cache
+            kv_cache.truncate(cache, keep)   # drops the rest of the old sequence and any pending tree
+        else:
+            self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale one
+            cache = kv_cache.new_cache(self._max_context)
+        self._cache, self._n_past, self._tree, self._prefix_reused = None, 0, None, 0
         with torch.inference_mode():
-            ids = torch.from_numpy(prompt).to(self._device, torch.long)[None]
-            positions = torch.arange(prompt.shape[0], device=self._device)[None]
-            # No attention_mask: the model builds its own causal mask (sdpa: is_causal) for a prompt.
+            ids = torch.from_numpy(prompt[keep:]).to(self._device, torch.long)[None]
+            positions = torch.arange(keep, prompt.shape[0], device=self._device)[None]
+            # No attention_mask: the model builds its own causal mask (sdpa: is_causal) for a prompt,
+            # and for the rest of one behind kept positions, a causal mask over the cache.
             out = self._model(input_ids=ids, position_ids=positions, use_cache=True,
                               **{self._prefill_cache: cache}, **self._prefill_kwargs)
             result = self._to_host(_logits(out)[0, -1:], n_logits)
         self._expect_cache_length(cache, prompt.shape[0], "prefill")
-        self._cache, self._n_past = cache, int(prompt.shape[0])
+        self._cache, self._n_past, self._prefix_reused = cache, int(prompt.shape[0]), keep
+        self._remember(prompt[keep:], keep)
         return result
+
+    def _shared_prefix(self, prompt: np.ndarray) -> int:
+        """How many leading tokens of `prompt` may keep their cached KV: the prefix it shares with
+        the committed tokens, at most len(prompt) - 1; 0 without reuse_prefix or a cache."""
+        if not self._reuse_prefix or self._cache is None:
+            return 0
+        n = min(self._n_past, prompt.shape[0] - 1)
+        same = self._ids[:n] == prompt[:n]
+        return n if same.all() else int(np.argmin(same))   # argmin: the first mismatch
+
+    def _remember(self, tokens: np.ndarray, at: int) -> None:
+        """Record `tokens` as the committed tokens from position `at` on (their KV is now cached)."""
+        end = at + tokens.shape[0]
+        if end > self._ids.shape[0]:   # grows like the cache: by half, never past max_context
+            grown = np.empty(min(self._max_context, max(end, self._ids.shape[0] * 3 // 2, 256)), np.int32)
+            grown[:at] = self._ids[:at]
+            self._ids = grown
+        self._ids[at:end] = tokens
 
     def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One forward over every node of `tree` (positions n_past + depths, tree-masked).
@@ -324,6 +370,7 @@ class HFVerifier:
             else:
                 rows = torch.from_numpy(path).to(self._device, torch.long)
                 kv_cache.keep_path(self._cache, self._n_past, rows)
+        self._remember(self._tree.tokens[path], self._n_past)
         self._n_past += k
         self._tree = None
 
@@ -353,8 +400,8 @@ class HFVerifier:
         return self._tokenizer.decode(token_array("ids", ids, allow_empty=True).tolist())
 
     def reset(self) -> None:
-        """Forget the sequence: empty cache, n_past 0, no pending tree."""
-        self._cache, self._n_past, self._tree = None, 0, None
+        """Forget the sequence: empty cache, n_past 0, no pending tree (the next prefill reuses nothing)."""
+        self._cache, self._n_past, self._tree, self._prefix_reused = None, 0, None, 0
 
     def plain_logits(self, tokens) -> np.ndarray:
         """float32[T, vocab_size]: a plain causal forward over `tokens` (int32[T]) with no cache

@@ -30,6 +30,7 @@ class Run:
     drafting_seconds: float = 0.0
     budgets: dict = field(default_factory=dict)
     lookahead_nodes: int = 0     # lookahead-window nodes verified over the run (jacobi, composite)
+    prefix_reused: int = 0       # prompt tokens whose cached KV the prefill kept (HFVerifier's reuse_prefix)
 
 
 @dataclass
@@ -51,7 +52,9 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
                      count_forwards: Callable[[], int] | None = None, drafter: str = "trie") -> Method:
     """draftcore.speculate over `verifier` with a drafter (by name, drafter_names()) and a budget that
     live across one dataset's prompts (as a server keeps them across requests) and start afresh with
-    each dataset.
+    each dataset, as does the verifier's sequence (a verifier that reuses a cached prompt prefix,
+    HFVerifier's reuse_prefix, starts each dataset with none: give each method its own verifier, or
+    one method's run would reuse another's prefill of the same prompt).
 
     budget_factory: () -> a budget for speculate: an int (fixed) or a policy object such as
         `CostAwareBudget()` (not "auto", which would be the verifier's session budget, never reset).
@@ -69,6 +72,7 @@ def draftcore_method(name: str, verifier, budget_factory: Callable, *, eos_token
     def reset():
         state["drafter"] = make_drafter(drafter, verifier.vocab_size)
         state["budget"] = budget_factory()
+        _forget_sequence(verifier)
 
     def run(prompt_ids, max_new_tokens) -> Run:
         if not state:
@@ -130,17 +134,29 @@ def bare_call_method(name: str, verifier, *, eos_token_id=None, sampling=None,
                      count_forwards: Callable[[], int] | None = None) -> Method:
     """`draftcore.speculate(verifier, prompt)` with no drafter and no budget: what a user gets from
     the bare call (the verifier's `Session.of`, kept across every prompt and dataset; reset only
-    when a new round of the whole prompt list starts, `run_benchmark(rounds=...)`)."""
+    when a new round of the whole prompt list starts, `run_benchmark(rounds=...)`, together with
+    the verifier's sequence)."""
     from ..session import Session
 
     seeds = iter(range(1 << 62))
+
+    def restart():
+        Session.of(verifier).reset()
+        _forget_sequence(verifier)
 
     def run(prompt_ids, max_new_tokens) -> Run:
         return _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, eos_token_id=eos_token_id,
                               sampling=_next_seed(sampling, seeds))
 
-    return Method(name, run, sampled=sampling is not None, restart=lambda: Session.of(verifier).reset(),
-                  verifier=verifier)
+    return Method(name, run, sampled=sampling is not None, restart=restart, verifier=verifier)
+
+
+def _forget_sequence(verifier) -> None:
+    """Empty the verifier's cache where it can (`reset`, not part of the protocol): a prompt prefix
+    it reuses must come from the same method's earlier requests of this dataset or round."""
+    reset = getattr(verifier, "reset", None)
+    if callable(reset):
+        reset()
 
 
 def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **options) -> Run:
@@ -150,7 +166,8 @@ def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **optio
     result = speculate(verifier, prompt_ids, max_new_tokens=max_new_tokens, **options)
     st = result.stats
     steps = count_forwards() - before if count_forwards else st.steps
-    return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist), st.lookahead_nodes)
+    return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist), st.lookahead_nodes,
+               getattr(verifier, "prefix_reused", 0))
 
 
 def _next_seed(sampling, seeds):
@@ -218,6 +235,7 @@ def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress, shi
                                      else _first_difference(run.tokens, reference)),
                 "budgets": {int(k): int(v) for k, v in run.budgets.items()},
                 "lookahead_nodes": int(run.lookahead_nodes),
+                "prefix_reused": int(run.prefix_reused),
             })
         if progress is not None:
             progress(prompt)

@@ -10,7 +10,9 @@ Methods (all on the same model object), greedy:
                      dataset like the bare call's)
     nodraft          draftcore.speculate with a budget of 0: every step verifies the root alone, so
                      its speedup is the verifier's forward against generate's (on CPU: the split head
-                     and weight-major Linear layers), and trie / nodraft is what drafting adds
+                     and weight-major Linear layers) and, from a dataset's second prompt on, a prefill
+                     that keeps the prefix shared with the previous request (reuse_prefix; the record's
+                     prefix_reused), and trie / nodraft is what drafting adds
     bare             draftcore.speculate(verifier, prompt): the bare call, no drafter and no budget
                      passed, so the verifier's own Session (a TrieDrafter + CostAwareBudget kept
                      across every prompt and dataset) drafts: what a user gets without configuring
@@ -107,12 +109,20 @@ class _ForwardCounter:
 
 
 def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Method]:
-    """The methods `names` (module docstring) over `model`, sharing one HFVerifier; steps are
-    counted as decoder forwards (eos_token_id: default the tokenizer's)."""
+    """The methods `names` (module docstring) over `model`; steps are counted as decoder forwards
+    (eos_token_id: default the tokenizer's). Each draftcore method has its own HFVerifier, so that
+    a prefill reuses only the prefix its own previous request left cached (reuse_prefix), as one
+    server's would, never another method's run of the same prompt; all of them take the Linear
+    kernels the first one measured, so that the methods differ in drafting, not in kernels."""
     eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
     counter = _ForwardCounter(model)
-    verifier = HFVerifier(model, tokenizer=tokenizer)
+    first = HFVerifier(model, tokenizer=tokenizer)
+    spare = [first]
     device = next(model.parameters()).device
+
+    def own_verifier() -> HFVerifier:
+        return spare.pop() if spare else HFVerifier(model, tokenizer=tokenizer, self_check=False,
+                                                    linear_ways=first.linear_ways)
 
     runs = {"n": 0}  # torch seeds of the HF sampling runs: 0, 1, 2, ... in call order
 
@@ -131,7 +141,7 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
         return Run(out[0, ids.shape[1]:].cpu().numpy().astype(np.int32), seconds, counter.count - before)
 
     def draftcore_method(name, budget_factory, sampling=None, drafter="trie"):
-        return bench_method(name, verifier, budget_factory, eos_token_id=eos, sampling=sampling,
+        return bench_method(name, own_verifier(), budget_factory, eos_token_id=eos, sampling=sampling,
                             count_forwards=lambda: counter.count, drafter=drafter)
 
     table = {
@@ -140,7 +150,7 @@ def make_methods(model, tokenizer, names=METHODS, eos_token_id=None) -> list[Met
                                         lambda p, n: generate(p, n, prompt_lookup_num_tokens=10)),
         "drop_in": lambda: Method("generate(custom_generate=draftcore)",
                                   lambda p, n: generate(p, n, custom_generate=speculative_generate)),
-        "bare": lambda: bare_call_method("draftcore bare call", verifier, eos_token_id=eos,
+        "bare": lambda: bare_call_method("draftcore bare call", own_verifier(), eos_token_id=eos,
                                          count_forwards=lambda: counter.count),
         "trie": lambda: draftcore_method("draftcore trie (auto budget)", draftcore.CostAwareBudget),
         "nodraft": lambda: draftcore_method("draftcore, no drafts (budget 0)", lambda: 0),

@@ -1,0 +1,222 @@
+"""HFVerifier(reuse_prefix=True): a prefill keeps the cached KV of the prefix the new prompt shares
+with the committed tokens, and runs only the rest.
+
+What must hold: the kept count is exactly the shared prefix (committed tokens only, in the order
+commit gathered them; never the whole prompt: its last position's logits need a forward); the
+logits after such a prefill, and every tree verified after it, equal a fresh prefill's within float
+noise; greedy output across requests equals transformers' own greedy output; a failed forward leaves
+an empty verifier; reuse_prefix=False reuses nothing.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import draftcore  # noqa: E402
+from draftcore import ConfigError, DraftTree  # noqa: E402
+from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
+from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+
+from test_hf_verifier import FP32_ATOL, assert_same_greedy, generate_greedy, smollm2  # noqa: E402,F401
+
+ATTENTIONS = ["sdpa", "eager", "draftcore_sdpa"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {attn: tiny_llama(seed=3, attn_implementation=attn) for attn in ATTENTIONS}
+
+
+def _fresh_logits(model, tokens) -> np.ndarray:
+    """The last position's logits after a prefill of `tokens` into an empty cache."""
+    return HFVerifier(model, self_check=False, reuse_prefix=False).prefill(np.asarray(tokens, np.int32), 1)[1][0]
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+def test_prefill_keeps_exactly_the_shared_committed_prefix(models, attn):
+    model = models[attn]
+    verifier = HFVerifier(model)
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, verifier.vocab_size, 40).astype(np.int32)
+    verifier.prefill(first)
+    assert verifier.prefix_reused == 0            # nothing cached before
+    # commit a gathered path (not the first nodes): the committed tokens follow the path's order
+    tree = DraftTree.build(rng.integers(0, verifier.vocab_size, 6), [-1, 0, 1, 0, 3, 4])
+    verifier.verify(tree)
+    path = np.array([0, 3, 4, 5], np.int32)
+    verifier.commit(path)
+    committed = np.r_[first, tree.tokens[path]].astype(np.int32)
+    # a pending tree is not committed: its tokens must not count as shared
+    verifier.verify(DraftTree.build(rng.integers(0, verifier.vocab_size, 3), [-1, 0, 1]))
+
+    cases = [
+        (np.r_[committed, 7, 8, 9], len(committed)),          # the whole sequence, then new tokens
+        (committed[:25], 24),                                  # a prefix of it: the last token runs
+        (np.r_[committed[:17], (committed[17] + 1) % verifier.vocab_size, committed[18:]], 17),
+        (np.r_[(committed[0] + 1) % verifier.vocab_size, committed[1:]], 0),   # differs at once
+    ]
+    for prompt, shared in cases:
+        prompt = prompt.astype(np.int32)
+        # rebuild the committed sequence each time, so every case starts from the same cache
+        verifier.prefill(first)
+        verifier.verify(tree)
+        verifier.commit(path)
+        tokens, logits = verifier.prefill(prompt, 1)
+        assert verifier.prefix_reused == shared, (len(prompt), shared)
+        assert verifier.n_past == len(prompt)
+        np.testing.assert_allclose(logits[0], _fresh_logits(model, prompt), atol=FP32_ATOL, rtol=0)
+        assert tokens[0] == logits[0].argmax()
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+def test_trees_after_a_reused_prefill_see_the_new_prompt(models, attn):
+    """After a reused prefill, a tree's logits are those of a fresh prefill's tree: the old
+    sequence's positions past the shared prefix are gone from the cache."""
+    model = models[attn]
+    verifier = HFVerifier(model)
+    fresh = HFVerifier(model, self_check=False, reuse_prefix=False)
+    rng = np.random.default_rng(1)
+    old = rng.integers(0, verifier.vocab_size, 60).astype(np.int32)
+    new = np.r_[old[:30], rng.integers(0, verifier.vocab_size, 5)].astype(np.int32)   # shorter than old
+    verifier.prefill(old)
+    verifier.prefill(new)
+    assert verifier.prefix_reused == 30
+    fresh.prefill(new)
+    tree = DraftTree.build(rng.integers(0, verifier.vocab_size, 7), [-1, 0, 1, 0, 3, 4, 0])
+    np.testing.assert_allclose(verifier.verify(tree, 7)[1], fresh.verify(tree, 7)[1], atol=FP32_ATOL, rtol=0)
+    verifier.commit(np.array([0, 3, 4], np.int32))
+    fresh.commit(np.array([0, 3, 4], np.int32))
+    np.testing.assert_allclose(verifier.verify(DraftTree.root_only(9), 1)[1],
+                               fresh.verify(DraftTree.root_only(9), 1)[1], atol=FP32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+def test_multi_turn_speculate_reuses_the_conversation_and_equals_generate(models, attn):
+    """Turn after turn, each prompt is the conversation so far (earlier prompts and outputs) plus a
+    new message: each prefill after the first keeps at least the earlier turns, and every turn's
+    output equals model.generate's on the whole conversation."""
+    model = models[attn]
+    verifier = HFVerifier(model)
+    rng = np.random.default_rng(2)
+    block = rng.integers(2, verifier.vocab_size, 12)
+    conversation = np.r_[block, block, block[:5]].astype(np.int32)
+    for turn in range(4):
+        result = draftcore.speculate(verifier, conversation, max_new_tokens=40, eos_token_id=1)
+        if turn:
+            assert verifier.prefix_reused >= shared
+        want = generate_greedy(model, conversation, 40, eos_token_id=1)
+        assert_same_greedy(verifier, conversation, result.tokens, want, tie_tol=1e-4)
+        shared = len(conversation)
+        message = np.r_[block[turn:turn + 6], rng.integers(2, verifier.vocab_size, 4)]
+        conversation = np.r_[conversation, result.tokens, message].astype(np.int32)
+    assert len(conversation) > 200
+
+
+def test_reuse_prefix_false_reuses_nothing(models):
+    verifier = HFVerifier(models["sdpa"], reuse_prefix=False)
+    prompt = np.arange(2, 50, dtype=np.int32)
+    verifier.prefill(prompt)
+    verifier.prefill(np.r_[prompt, 3].astype(np.int32))
+    assert verifier.prefix_reused == 0 and verifier.n_past == len(prompt) + 1
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_reuse_prefix_must_be_a_bool(models, bad):
+    with pytest.raises(ConfigError, match=f"reuse_prefix: expected True or False, got .*{bad!r}"):
+        HFVerifier(models["sdpa"], self_check=False, reuse_prefix=bad)
+
+
+def test_a_failed_reused_prefill_leaves_an_empty_verifier(models):
+    """A forward that fails after the cache was cut back to the shared prefix must not leave that
+    cut cache behind as a sequence: the verifier is empty, and the next prefill starts afresh."""
+    model = models["sdpa"]
+    verifier = HFVerifier(model)
+    prompt = np.arange(2, 60, dtype=np.int32)
+    verifier.prefill(prompt)
+
+    def fail(module, args):
+        raise RuntimeError("planted failure")
+
+    handle = model.model.register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="planted failure"):
+            verifier.prefill(np.r_[prompt, 5].astype(np.int32))
+    finally:
+        handle.remove()
+    assert verifier.n_past == 0 and verifier.prefix_reused == 0
+    with pytest.raises(draftcore.InputError, match="before prefill"):
+        verifier.verify(DraftTree.root_only(3))
+    logits = verifier.prefill(np.r_[prompt, 5].astype(np.int32), 1)[1][0]
+    assert verifier.prefix_reused == 0
+    np.testing.assert_allclose(logits, _fresh_logits(model, np.r_[prompt, 5]), atol=FP32_ATOL, rtol=0)
+
+
+def test_long_sequences_grow_the_token_record_and_stay_within_max_context(models):
+    """Past the record's first capacity (256 tokens) and up to max_context (512 here)."""
+    model = models["draftcore_sdpa"]
+    verifier = HFVerifier(model)
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, verifier.vocab_size, 300).astype(np.int32)
+    verifier.prefill(prompt)
+    for _ in range(20):    # 20 chains of 8 committed: 460 tokens
+        chain = DraftTree.build(rng.integers(0, verifier.vocab_size, 8), np.arange(-1, 7))
+        verifier.verify(chain)
+        verifier.commit(np.arange(8, dtype=np.int32))
+        prompt = np.r_[prompt, chain.tokens].astype(np.int32)
+    longer = np.r_[prompt, rng.integers(0, verifier.vocab_size, 52)].astype(np.int32)
+    assert len(longer) == verifier.max_context == 512
+    logits = verifier.prefill(longer, 1)[1][0]
+    assert verifier.prefix_reused == 460
+    np.testing.assert_allclose(logits, _fresh_logits(model, longer), atol=FP32_ATOL, rtol=0)
+
+
+def test_smollm2_requests_sharing_a_long_system_prompt_equal_generate(smollm2):
+    """SmolLM2 (the real tokenizer and chat template): requests behind one system prompt of more
+    than 512 tokens. Every request after the first keeps at least the system prompt, and each
+    output equals model.generate's greedy output on its whole prompt."""
+    from pydoc_data.topics import topics
+
+    model, tokenizer, verifier = smollm2   # a verifier of this module's own, fresh: nothing cached
+    system = "Answer questions about this reference text.\n\n" + topics["for"] + topics["while"]
+    eos = tokenizer.eos_token_id
+    shared = None
+    for i, question in enumerate(("What does the else clause of a for loop do?", "When does a while loop stop?",
+                                  "Quote the grammar rule of the for statement.")):
+        prompt = np.asarray(tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            add_generation_prompt=True, return_dict=False), np.int32)
+        if shared is None:
+            shared = len(tokenizer.apply_chat_template([{"role": "system", "content": system}],
+                                                       return_dict=False)) - 1
+            assert shared > 512
+        result = draftcore.speculate(verifier, prompt, max_new_tokens=24, eos_token_id=eos)
+        assert verifier.prefix_reused >= shared if i else verifier.prefix_reused == 0
+        want = generate_greedy(model, prompt, 24, eos_token_id=eos)
+        assert_same_greedy(verifier, prompt, result.tokens, want, tie_tol=1e-2)
+
+
+def test_bench_methods_reuse_only_their_own_requests_prefix(models):
+    """In `draftcore bench`, each draftcore method has its own verifier (the first one's Linear
+    kernels): a method never reuses another's prefill of the same prompt, reuses its own previous
+    request's shared prefix, and starts each dataset (reset) and round (restart) with none."""
+    from draftcore.tools.backends.hf import make_methods
+
+    methods = make_methods(models["sdpa"], None, names=("plain", "nodraft", "trie", "bare"), eos_token_id=1)
+    verifiers = [m.verifier for m in methods[1:]]
+    assert methods[0].verifier is None and len({id(v) for v in verifiers}) == 3
+    assert all(v.linear_ways == verifiers[0].linear_ways for v in verifiers)
+    rng = np.random.default_rng(5)
+    shared = rng.integers(2, 256, 50)
+    first, second = (np.r_[shared, rng.integers(2, 256, 8)].astype(np.int32) for _ in range(2))
+    for method in methods[1:]:
+        assert method.run(first, 8).prefix_reused == 0       # the same prompt as the method before
+        assert method.run(second, 8).prefix_reused >= 50
+    for method, forget in ((methods[1], methods[1].reset), (methods[3], methods[3].restart)):
+        forget()
+        assert method.run(second, 8).prefix_reused == 0
