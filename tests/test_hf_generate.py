@@ -233,6 +233,25 @@ def test_concurrent_calls_get_their_own_verifier_and_equal_plain(tiny):
             model.generate(ids(PROMPTS[0]), custom_generate=speculative_generate, max_new_tokens=5)
 
 
+def test_each_call_gets_the_idle_verifier_holding_most_of_its_prompt(tiny):
+    """Two conversations interleaved on one model: each generate() call is served by the pool's
+    verifier whose cache holds its conversation, so its prefill runs only the new message."""
+    model, _ = tiny
+    pool = verifier_pool.pool_of(model)
+    rng = np.random.default_rng(3)
+    a, b = ([0] + rng.integers(2, 512, 60).tolist() for _ in range(2))
+    with pool.verifier() as va, pool.verifier() as vb:     # two verifiers, neither holding a or b
+        va.prefill(np.asarray(a, np.int32))
+        vb.prefill(np.asarray(b, np.int32))
+    for conversation, holder in ((b, vb), (a, va), (b, vb)):
+        prompt = conversation + [5, 6, 7]
+        want = model.generate(ids(prompt), max_new_tokens=16, do_sample=False)
+        got = model.generate(ids(prompt), custom_generate=speculative_generate, max_new_tokens=16, do_sample=False)
+        assert torch.equal(got, want)
+        assert holder.prefix_reused >= len(conversation), (holder.prefix_reused, len(conversation))
+        conversation += [5, 6, 7] + got[0, len(prompt):].tolist()[:-1]
+
+
 # -- sampling: the distribution of plain sampling -------------------------------------------------------
 SAMPLE_PROMPT = [0, 300, 301, 302, 300, 301]
 LENGTH = 3

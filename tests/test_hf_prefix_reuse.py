@@ -157,6 +157,41 @@ def test_a_failed_reused_prefill_leaves_an_empty_verifier(models):
     np.testing.assert_allclose(logits, _fresh_logits(model, np.r_[prompt, 5]), atol=FP32_ATOL, rtol=0)
 
 
+def test_a_commit_that_fails_leaves_nothing_to_reuse(models, monkeypatch):
+    """A gather that stops between layers leaves the cache out of step: the verifier is emptied,
+    and the next prefill runs the whole prompt."""
+    from draftcore.adapters.torch_hf import kv_cache
+
+    model = models["sdpa"]
+    verifier = HFVerifier(model)
+    prompt = np.arange(2, 40, dtype=np.int32)
+    verifier.prefill(prompt)
+    verifier.verify(DraftTree.build([3, 4, 5, 6], [-1, 0, 0, 2]))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(kv_cache, "keep_path", fail)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        verifier.commit(np.array([0, 2, 3], np.int32))
+    monkeypatch.undo()
+    assert verifier.n_past == 0
+    assert verifier.cached_prefix(np.r_[prompt, 9]) == 0
+    verifier.prefill(np.r_[prompt, 9].astype(np.int32))
+    assert verifier.prefix_reused == 0
+
+
+def test_cached_prefix_says_what_a_prefill_would_keep_and_checks_its_prompt(models):
+    verifier = HFVerifier(models["sdpa"])
+    prompt = np.arange(2, 40, dtype=np.int32)
+    assert verifier.cached_prefix(prompt) == 0
+    verifier.prefill(prompt)
+    assert verifier.cached_prefix(np.r_[prompt[:20], 1]) == 20 and verifier.cached_prefix(prompt) == len(prompt) - 1
+    assert verifier.n_past == len(prompt)     # nothing changed
+    with pytest.raises(draftcore.InputError, match="prompt"):
+        verifier.cached_prefix(np.array([1, 999], np.int32))
+
+
 def test_long_sequences_grow_the_token_record_and_stay_within_max_context(models):
     """Past the record's first capacity (256 tokens) and up to max_context (512 here)."""
     model = models["draftcore_sdpa"]

@@ -66,7 +66,7 @@ def speculative_generate(model, input_ids, logits_processor=None, stopping_crite
 
 def _decode(model, prompt: np.ndarray, options, drafter, budget, streamer) -> np.ndarray:
     pool = pool_of(model)
-    with pool.verifier() as verifier:
+    with pool.verifier(prompt) as verifier:
         if drafter is None:
             drafter = pool.drafter
         stream = draftcore.speculate_stream(verifier, prompt, max_new_tokens=options.max_new_tokens,

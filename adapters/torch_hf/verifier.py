@@ -240,6 +240,12 @@ class HFVerifier:
         self._remember(prompt[keep:], keep)
         return result
 
+    def cached_prefix(self, prompt) -> int:
+        """How many leading tokens of `prompt` (int32[T]) a prefill would keep from the cache now
+        (0 without reuse_prefix); changes nothing. A pool of verifiers can hand a request the one
+        that holds most of its prompt."""
+        return self._shared_prefix(token_array("prompt", prompt, self._vocab_size))
+
     def _shared_prefix(self, prompt: np.ndarray) -> int:
         """How many leading tokens of `prompt` may keep their cached KV: the prefix it shares with
         the committed tokens, at most len(prompt) - 1; 0 without reuse_prefix or a cache."""
@@ -363,13 +369,18 @@ class HFVerifier:
                              "(each verified tree can be committed once)")
         path = check_path(path, self._tree)
         k = path.shape[0]
-        with torch.inference_mode():
-            if np.array_equal(path, np.arange(k)):
-                if k < len(self._tree):   # else the whole tree is the path (a one-node step): nothing to drop
-                    kv_cache.truncate(self._cache, self._n_past + k)
-            else:
-                rows = torch.from_numpy(path).to(self._device, torch.long)
-                kv_cache.keep_path(self._cache, self._n_past, rows)
+        try:
+            with torch.inference_mode():
+                if np.array_equal(path, np.arange(k)):
+                    if k < len(self._tree):   # else the whole tree is the path (a one-node step): nothing to drop
+                        kv_cache.truncate(self._cache, self._n_past + k)
+                else:
+                    rows = torch.from_numpy(path).to(self._device, torch.long)
+                    kv_cache.keep_path(self._cache, self._n_past, rows)
+        except BaseException:
+            # a gather stopped between layers leaves them out of step: no later prefill may reuse them
+            self.reset()
+            raise
         self._remember(self._tree.tokens[path], self._n_past)
         self._n_past += k
         self._tree = None

@@ -39,20 +39,26 @@ class VerifierPool:
         self.drafter = None   # the first verifier's session drafter, shared by all of them
 
     @contextmanager
-    def verifier(self):
+    def verifier(self, prompt=None):
         """An idle verifier of this model for the duration of a `with` block (built if none is
-        idle and the pool is not full); BusyError when `capacity` calls already hold one each."""
-        verifier = self._acquire()
+        idle and the pool is not full); BusyError when `capacity` calls already hold one each.
+        prompt: the request's token ids; of the idle verifiers, the one whose cache holds the
+        longest prefix of it is handed out (its prefill then runs only the rest: HFVerifier's
+        reuse_prefix), so interleaved conversations each find their own earlier turns."""
+        verifier = self._acquire(prompt)
         try:
             yield verifier
         finally:
             with self._lock:
                 self._idle.append(verifier)
 
-    def _acquire(self) -> HFVerifier:
+    def _acquire(self, prompt) -> HFVerifier:
         with self._lock:
             if self._idle:
-                return self._idle.pop()
+                # the last returned on a tie (none holds any of the prompt: the most recently used)
+                best = (len(self._idle) - 1 if prompt is None else
+                        max(reversed(range(len(self._idle))), key=lambda i: self._idle[i].cached_prefix(prompt)))
+                return self._idle.pop(best)
             if self._built >= self.capacity:
                 raise BusyError(
                     f"model: {self._built} generate() calls on this {type(self.model).__name__} are running, the "
