@@ -67,7 +67,9 @@ class Verifier(Protocol):
 
         Returns the last prompt position's result in `verify`'s form for a 1-node tree:
         (int32[1] its argmax, float32[n_logits, vocab_size] its logits), n_logits 0 or 1.
-        Afterwards n_past == T.
+        Afterwards n_past == T. A verifier may keep the cached KV of a prefix the prompt shares
+        with its previous sequence and run only the rest (HFVerifier's reuse_prefix); the result is
+        the same within the backend's float noise.
         """
 
     def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
