@@ -61,7 +61,7 @@ def verifier(tiny):
 def reference(tiny):
     """A second context for fresh evaluations: `reference(tokens)` gives float32[T, vocab], the
     logits at every position; `reference.last(tokens)` those at the last one."""
-    ref = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=512, **EXACT)
+    ref = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=512, reuse_prefix=False, **EXACT)
 
     def logits(tokens):
         tokens = np.asarray(tokens, np.int32)
@@ -307,6 +307,7 @@ def test_advance_is_a_root_only_verify_and_its_commit(verifier):
     prompt = np.array(PROMPTS[0], np.int32)
 
     def run(step):
+        verifier.reset()   # both runs from an empty cache: the second prefill reuses nothing of the first's
         root = int(verifier.prefill(prompt)[0][0])
         tokens = []
         for i in range(12):

@@ -36,10 +36,11 @@ import weakref
 import numpy as np
 
 from draftcore.checks import MISSING, check_n_logits, check_path, check_token, check_tree
+from draftcore.committed_tokens import CommittedTokens
 from draftcore.errors import BackendError, ConfigError, InputError, describe
 from draftcore.selfcheck import N_POSITIONS, check_tree_attention
 from draftcore.tree import DraftTree
-from draftcore.validate import positive_int, token_array
+from draftcore.validate import flag, positive_int, token_array
 
 from . import branches
 from .batch import Batch, leaf_membership
@@ -70,6 +71,8 @@ class LlamaCppVerifier:
         n_decodes:   llama_decode calls so far (after the construction self-check);
         n_redecoded: tokens decoded a second time: by a commit whose path left the batch's best
                      branch, or in chain-only mode by a branch whose ancestors the cache had dropped.
+        prefix_reused: prompt tokens whose cached KV the last prefill kept (reuse_prefix), 0 for a
+                     fresh one.
         self_check_error: the construction self-check's largest |tree - one-token| logit difference,
                      relative to the largest logit (None when it did not run). Above
                      numerics.NEAR_TIE_ONLY the construction warned (InexactBatchWarning); 0 says
@@ -77,7 +80,7 @@ class LlamaCppVerifier:
     """
 
     def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None, max_tree_nodes=None,
-                 offloaded: bool = True):
+                 offloaded: bool = True, reuse_prefix: bool = False):
         """Internal: use `from_gguf` / `from_llama`. `keepalive` holds whatever owns model/ctx;
         `offloaded`: whether any layer runs on a GPU (sets the default max_tree_nodes)."""
         self._lib = lib
@@ -99,6 +102,10 @@ class LlamaCppVerifier:
                 raise ConfigError(f"max_tree_nodes: expected at most n_batch={limits.n_batch} (the most "
                                   f"tokens one llama_decode takes), got {max_tree_nodes}")
         self.n_past = 0
+        self.prefix_reused = 0
+        # A borrowed Llama may decode into its context between our calls: only an own one is reused.
+        self._reuse_prefix = flag("reuse_prefix", reuse_prefix) and llm is None
+        self._committed = CommittedTokens(self.max_context)   # the tokens of seq 0's cells
         self.n_decodes = 0
         self.n_redecoded = 0
         self._batch = Batch(lib, limits.n_batch, max(1, limits.n_seq_max))
@@ -113,7 +120,8 @@ class LlamaCppVerifier:
     def from_gguf(cls, path, *, n_ctx: int = 4096, n_batch: int = DEFAULT_N_BATCH, n_gpu_layers: int = 0,
                   n_threads: int | None = None, n_seq_max: int = DEFAULT_SEQ_MAX, type_k: int | None = None,
                   type_v: int | None = None, flash_attn: bool | None = None, max_tree_nodes: int | None = None,
-                  self_check: bool = True, verbose: bool = False, **llama_kwargs) -> "LlamaCppVerifier":
+                  self_check: bool = True, verbose: bool = False, reuse_prefix: bool = True,
+                  **llama_kwargs) -> "LlamaCppVerifier":
         """Load a GGUF model into a tree-capable context (kv_unified=True, n_seq_max sequences).
 
         n_threads:   CPU threads (default: the cores this process may use).
@@ -126,9 +134,14 @@ class LlamaCppVerifier:
         self_check:  run one branching tree at construction and compare its logits with one-token
                      decoding (draftcore.selfcheck); BackendError if the context does not honour the
                      tree's sequence ids.
+        reuse_prefix: True (default): a prefill keeps the cells of the longest prefix the prompt
+                     shares with the tokens in the cache (the last request's prompt and output) and
+                     decodes the rest, as llama-cpp-python's own Llama.generate does; False: every
+                     prefill decodes the whole prompt into an empty cache.
         llama_kwargs: any other llama_context_params / llama_model_params field by name.
         """
         lib = import_llama_cpp()
+        reuse_prefix = flag("reuse_prefix", reuse_prefix)
         n_ctx = positive_int("n_ctx", n_ctx)
         n_batch = positive_int("n_batch", n_batch)
         n_seq_max = positive_int("n_seq_max", n_seq_max, minimum=2)
@@ -148,13 +161,13 @@ class LlamaCppVerifier:
             raise
         owner = _Owner(lib, model, ctx)
         verifier = cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,), max_tree_nodes=max_tree_nodes,
-                       offloaded=_offloaded(lib, n_gpu_layers))
+                       offloaded=_offloaded(lib, n_gpu_layers), reuse_prefix=reuse_prefix)
         return verifier._checked(params.flash_attn_type) if self_check else verifier
 
     @classmethod
     def from_llama(cls, llm, *, strict: bool = False, own_context: bool = False,
                    n_seq_max: int = DEFAULT_SEQ_MAX, max_tree_nodes: int | None = None,
-                   self_check: bool = True) -> "LlamaCppVerifier":
+                   self_check: bool = True, reuse_prefix: bool = True) -> "LlamaCppVerifier":
         """Verify with an existing `llama_cpp.Llama`, whose settings are left as they are.
 
         By default its own context is used. A stock Llama has one sequence and a split cache, so
@@ -166,9 +179,12 @@ class LlamaCppVerifier:
         max_tree_nodes and self_check: as in `from_gguf`. The self-check on the Llama's own context
         starts a sequence there, as any prefill does.
         The verifier drives the context directly and calls `llm.reset()` at each prefill, so the
-        Llama never reuses a KV prefix it no longer holds.
+        Llama never reuses a KV prefix it no longer holds. reuse_prefix (as in `from_gguf`) applies
+        to an own context only: the Llama's own context may be decoded into by the Llama between
+        two requests, so there every prefill starts from an empty cache.
         """
         lib = import_llama_cpp()
+        reuse_prefix = flag("reuse_prefix", reuse_prefix)   # checked, though a borrowed context is never reused
         if not isinstance(llm, lib.Llama):
             raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
         params, offloaded = llm.context_params, _offloaded(lib, llm.model_params.n_gpu_layers)
@@ -178,7 +194,7 @@ class LlamaCppVerifier:
             ctx = new_context(lib, llm.model, params)
             owner = _Owner(lib, None, ctx)
             verifier = cls(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(owner, llm),
-                           max_tree_nodes=max_tree_nodes, offloaded=offloaded)
+                           max_tree_nodes=max_tree_nodes, offloaded=offloaded, reuse_prefix=reuse_prefix)
         else:
             limits = read_limits(lib, llm.ctx)
             if limits.max_leaves == 0 and strict:
@@ -259,7 +275,9 @@ class LlamaCppVerifier:
 
     def prefill(self, prompt, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Start over from `prompt` (int32[T]); the last position's (int32[1] argmax,
-        float32[n_logits, vocab] logits), n_logits 0 or 1 (see draftcore.Verifier.prefill)."""
+        float32[n_logits, vocab] logits), n_logits 0 or 1 (see draftcore.Verifier.prefill). With
+        reuse_prefix, the cells of the prefix shared with the committed tokens (at most T - 1) are
+        kept and only the rest is decoded."""
         n_logits = check_n_logits(n_logits, 1)
         if self._ctx is None:
             raise InputError("prefill: this verifier was closed")
@@ -267,17 +285,40 @@ class LlamaCppVerifier:
         if prompt.shape[0] > self.max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self.max_context} "
                              f"(n_ctx of the llama.cpp context)")
-        self._clear()
+        keep = self._shared_prefix(prompt)
+        if keep:
+            self._discard_pending()
+            self._prefilled = False   # until the rest is decoded: a failure leaves no sequence to verify
+            self._seq_rm(-1, keep)
+            self.n_past = keep
+        else:
+            self._clear()
+        self.prefix_reused = 0
+        self._committed.record(prompt[keep:], keep)   # positions past n_past stay stale if a decode fails
         step = self.limits.n_batch
-        for start in range(0, prompt.shape[0], step):
+        for start in range(keep, prompt.shape[0], step):
             chunk = prompt[start:start + step]
             last = start + step >= prompt.shape[0]
             self._batch.set_chain(chunk, start, "last" if last else "none")
             self._decode()
             self.n_past = start + chunk.shape[0]
         self._prefilled = True
+        self.prefix_reused = keep
         rows = self._logits(1)
         return rows.argmax(axis=1).astype(np.int32), rows[:n_logits].copy()
+
+    def reset(self) -> None:
+        """Forget the sequence: an empty cache, n_past 0 (the next prefill reuses nothing)."""
+        if self._ctx is None:
+            raise InputError("reset: this verifier was closed")
+        self._clear()
+
+    def _shared_prefix(self, prompt: np.ndarray) -> int:
+        """How many leading tokens of `prompt` may keep their cells (CommittedTokens); 0 without
+        reuse_prefix or a sequence."""
+        if not self._reuse_prefix or self.n_past == 0:
+            return 0
+        return self._committed.shared_prefix(prompt, self.n_past)
 
     def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One forward over `tree` at positions n_past + depths: (int32[n] each node's argmax or -1,
@@ -303,6 +344,7 @@ class LlamaCppVerifier:
         else:
             self._commit_chain(path, pending)
         self._pending = None
+        self._committed.record(pending.tree.tokens[path], self.n_past)
         self.n_past += path.shape[0]
 
     def advance(self, token) -> int:
@@ -322,6 +364,7 @@ class LlamaCppVerifier:
         self._discard_pending()
         self._batch.set_one(token, self.n_past)
         self._decode()
+        self._committed.record(np.array([token], np.int32), self.n_past)
         self.n_past += 1
         return int(self._logits(1)[0].argmax())
 
@@ -513,7 +556,7 @@ class LlamaCppVerifier:
         if self._llm is not None:
             self._llm.reset()
         self._lib.llama_memory_clear(self._mem, False)
-        self.n_past, self._pending, self._prefilled = 0, None, False
+        self.n_past, self._pending, self._prefilled, self.prefix_reused = 0, None, False, 0
 
     def _discard_pending(self) -> None:
         """A second verify without commit: drop the previous tree's cells first."""

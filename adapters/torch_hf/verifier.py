@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from draftcore.checks import check_n_logits, check_path, check_tree
+from draftcore.committed_tokens import CommittedTokens
 from draftcore.errors import BackendError, ConfigError, InputError, describe
 from draftcore.tree import DraftTree
-from draftcore.validate import positive_int, token_array
+from draftcore.validate import flag, positive_int, token_array
 
 from . import kv_cache
 from .attention_backends import cudnn_attention_may_run, without_cudnn
@@ -105,9 +106,7 @@ class HFVerifier:
         linear_ways = checked_linear_ways(linear_ways)
         if packed_linear is not None and not isinstance(packed_linear, bool):
             raise ConfigError(f"packed_linear: expected None, True or False, got {describe(packed_linear)}")
-        if not isinstance(reuse_prefix, bool):
-            raise ConfigError(f"reuse_prefix: expected True or False, got {describe(reuse_prefix)}")
-        self._reuse_prefix = reuse_prefix
+        self._reuse_prefix = flag("reuse_prefix", reuse_prefix)
         # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
@@ -115,7 +114,7 @@ class HFVerifier:
         self._cache = None          # kv_cache.new_cache() once prefilled
         self._n_past = 0            # committed tokens in the cache
         self._tree = None           # last verified, not yet committed DraftTree (its KV follows n_past)
-        self._ids = np.empty(0, np.int32)   # the committed tokens, [:n_past] (what a prefill may reuse)
+        self._committed = CommittedTokens(self._max_context)   # the cache's tokens (what a prefill may keep)
         self._prefix_reused = 0     # prompt tokens whose KV the last prefill kept
 
         # On CPU, verify runs the decoder, then `W @ hidden.T` (head.py), when that gives the model's logits.
@@ -237,7 +236,7 @@ class HFVerifier:
             result = self._to_host(_logits(out)[0, -1:], n_logits)
         self._expect_cache_length(cache, prompt.shape[0], "prefill")
         self._cache, self._n_past, self._prefix_reused = cache, int(prompt.shape[0]), keep
-        self._remember(prompt[keep:], keep)
+        self._committed.record(prompt[keep:], keep)
         return result
 
     def cached_prefix(self, prompt) -> int:
@@ -247,22 +246,11 @@ class HFVerifier:
         return self._shared_prefix(token_array("prompt", prompt, self._vocab_size))
 
     def _shared_prefix(self, prompt: np.ndarray) -> int:
-        """How many leading tokens of `prompt` may keep their cached KV: the prefix it shares with
-        the committed tokens, at most len(prompt) - 1; 0 without reuse_prefix or a cache."""
+        """How many leading tokens of `prompt` may keep their cached KV (CommittedTokens); 0
+        without reuse_prefix or a cache."""
         if not self._reuse_prefix or self._cache is None:
             return 0
-        n = min(self._n_past, prompt.shape[0] - 1)
-        same = self._ids[:n] == prompt[:n]
-        return n if same.all() else int(np.argmin(same))   # argmin: the first mismatch
-
-    def _remember(self, tokens: np.ndarray, at: int) -> None:
-        """Record `tokens` as the committed tokens from position `at` on (their KV is now cached)."""
-        end = at + tokens.shape[0]
-        if end > self._ids.shape[0]:   # grows like the cache: by half, never past max_context
-            grown = np.empty(min(self._max_context, max(end, self._ids.shape[0] * 3 // 2, 256)), np.int32)
-            grown[:at] = self._ids[:at]
-            self._ids = grown
-        self._ids[at:end] = tokens
+        return self._committed.shared_prefix(prompt, self._n_past)
 
     def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One forward over every node of `tree` (positions n_past + depths, tree-masked).
@@ -381,7 +369,7 @@ class HFVerifier:
             # a gather stopped between layers leaves them out of step: no later prefill may reuse them
             self.reset()
             raise
-        self._remember(self._tree.tokens[path], self._n_past)
+        self._committed.record(self._tree.tokens[path], self._n_past)
         self._n_past += k
         self._tree = None
 

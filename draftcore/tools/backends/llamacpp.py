@@ -193,7 +193,10 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
             table[name] = lambda label=label, llm=llm: Method(label, lambda p, n: _generate(llm, p, n, eos))
     verifier = None
     if set(names) - {"plain", *drafting_llamas}:  # every other method runs through draftcore's verifier
-        verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True, max_tree_nodes=MAX_TREE_NODES)
+        # No prefix reuse: the draftcore methods share this verifier (one would reuse another's
+        # prefill of the same prompt), and plain decoding resets its Llama before every prompt too.
+        verifier = LlamaCppVerifier.from_llama(handle.llm, own_context=True, max_tree_nodes=MAX_TREE_NODES,
+                                               reuse_prefix=False)
     max_draft = MAX_TREE_NODES - 1
 
     def count_decodes():
