@@ -33,6 +33,13 @@ class CommittedTokens:
             self._ids = grown
         self._ids[at:end] = tokens
 
+    def record_one(self, token: int, at: int) -> None:
+        """`record` of one token, without building an array (a decode step's host time)."""
+        if at >= self._ids.shape[0]:
+            self.record(np.array([token], np.int32), at)
+        else:
+            self._ids[at] = token
+
     def shared_prefix(self, prompt: np.ndarray, n_cached: int) -> int:
         """How many leading tokens of `prompt` equal the first `n_cached` recorded ones, at most
         len(prompt) - 1: the last prompt position's logits always need a forward."""

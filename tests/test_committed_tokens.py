@@ -31,6 +31,15 @@ def test_record_overwrites_from_its_position_and_grows_to_capacity():
         record.record(np.zeros(2, np.int32), 699)               # a position past max_context
 
 
+def test_record_one_equals_record_of_one_token_also_where_it_grows():
+    one, many = CommittedTokens(600), CommittedTokens(600)
+    for at, token in enumerate(np.arange(300, dtype=np.int32) % 97):   # past the first 256
+        one.record_one(int(token), at)
+        many.record(np.array([token], np.int32), at)
+    prompt = np.r_[np.arange(300) % 97, 5].astype(np.int32)
+    assert one.shared_prefix(prompt, 300) == many.shared_prefix(prompt, 300) == 300
+
+
 def test_capacity_must_be_positive():
     with pytest.raises(ConfigError, match="capacity"):
         CommittedTokens(0)

@@ -129,3 +129,18 @@ def test_reset_forgets_the_sequence_and_refuses_once_closed(tiny):
     v.close()
     with pytest.raises(InputError, match="reset: this verifier was closed"):
         v.reset()
+
+
+def test_a_reused_prefill_longer_than_n_batch_is_decoded_in_chunks(tiny):
+    """The rest of a prompt after its kept prefix goes in n_batch-token decodes like a whole one."""
+    v = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=512, n_batch=16, n_seq_max=3, **EXACT)
+    fresh = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=512, n_batch=16, n_seq_max=3, reuse_prefix=False, **EXACT)
+    rng = np.random.default_rng(5)
+    first = rng.integers(3, 512, 40).astype(np.int32)
+    longer = np.r_[first, rng.integers(3, 512, 60)].astype(np.int32)    # 60 more: four decodes of <= 16
+    v.prefill(first)
+    before = v.n_decodes
+    logits = v.prefill(longer, 1)[1][0]
+    assert v.prefix_reused == 40 and v.n_decodes - before == 4
+    assert_committed_only(v, len(longer))
+    np.testing.assert_allclose(logits, _fresh_last(fresh, longer), atol=ATOL, rtol=0)

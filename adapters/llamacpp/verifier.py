@@ -364,7 +364,7 @@ class LlamaCppVerifier:
         self._discard_pending()
         self._batch.set_one(token, self.n_past)
         self._decode()
-        self._committed.record(np.array([token], np.int32), self.n_past)
+        self._committed.record_one(token, self.n_past)
         self.n_past += 1
         return int(self._logits(1)[0].argmax())
 

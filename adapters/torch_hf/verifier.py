@@ -223,9 +223,8 @@ class HFVerifier:
             cache = self._cache
             kv_cache.truncate(cache, keep)   # drops the rest of the old sequence and any pending tree
         else:
-            self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale one
             cache = kv_cache.new_cache(self._max_context)
-        self._cache, self._n_past, self._tree, self._prefix_reused = None, 0, None, 0
+        self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale or cut one
         with torch.inference_mode():
             ids = torch.from_numpy(prompt[keep:]).to(self._device, torch.long)[None]
             positions = torch.arange(keep, prompt.shape[0], device=self._device)[None]
