@@ -58,7 +58,9 @@ def test_prefill_keeps_exactly_the_shared_committed_prefix(models, attn):
     cases = [
         (np.r_[committed, 7, 8, 9], len(committed)),          # the whole sequence, then new tokens
         (committed[:25], 24),                                  # a prefix of it: the last token runs
-        (np.r_[committed[:17], (committed[17] + 1) % verifier.vocab_size, committed[18:]], 17),
+        (np.r_[committed[:30], (committed[30] + 1) % verifier.vocab_size, committed[31:]], 30),
+        # shared, but less than the rest of the prompt: a fresh prefill (HFVerifier._shared_prefix)
+        (np.r_[committed[:17], (committed[17] + 1) % verifier.vocab_size, committed[18:]], 0),
         (np.r_[(committed[0] + 1) % verifier.vocab_size, committed[1:]], 0),   # differs at once
     ]
     for prompt, shared in cases:
