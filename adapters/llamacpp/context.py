@@ -181,6 +181,11 @@ def load_model(lib, path, *, n_gpu_layers: int, overrides: dict):
     return model
 
 
+def offloads_layers(lib, n_gpu_layers: int) -> bool:
+    """Whether a model loaded with `n_gpu_layers` runs any layer on a GPU."""
+    return n_gpu_layers != 0 and bool(lib.llama_supports_gpu_offload())
+
+
 def new_context(lib, model, params):
     """A llama_context over `model` (free with llama_free)."""
     ctx = lib.llama_init_from_model(model, params)

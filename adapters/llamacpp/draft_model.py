@@ -39,6 +39,9 @@ Three checks of the Llama served, since llama-cpp-python's own settings can brea
     is not disturbed. Where multi-token batches differ (quantized weights with flash attention off,
     K-quants) it warns once (InexactBatchWarning, naming what to change): greedy output can then
     differ from plain decoding at near-ties, as it does with llama-cpp-python's own prompt lookup.
+    It warns too where the Llama's settings (flash attention, an F16/F32 KV cache, several threads)
+    make one-token decoding split its attention across threads past 256 tokens of context and a
+    batch not (numerics.split_attention_from): long prompts' output then drifts from plain greedy.
   * the cost of logits_all: on the same first Llama it times a prompt batch with every row's logits
     against the last row's only (logits_cost.py) and warns once (AllLogitsCostWarning) where that
     makes prompts much slower, as a large vocabulary over a small model does.
@@ -62,9 +65,9 @@ from draftcore.budget import as_budget_policy
 from draftcore.errors import describe
 from draftcore.validate import flag, positive_int
 
-from .context import DEFAULT_N_BATCH, import_llama_cpp
+from .context import DEFAULT_N_BATCH, import_llama_cpp, offloads_layers
 from .logits_cost import all_logits_slowdown, warn_if_slow
-from .numerics import CPU_TREE_NODES, warn_if_inexact
+from .numerics import CPU_TREE_NODES, split_attention_from, warn_if_inexact, warn_if_split_attention
 from .verifier import llama_batch_error
 
 # The menu's drafters that need nothing but the text. A Jacobi window learns from the model's outputs
@@ -114,6 +117,7 @@ class DraftcoreDraftModel(LlamaDraftModel):
 
     self_check_error: that check's relative error (as LlamaCppVerifier.self_check_error); None until
     it ran.
+    split_attention_from: as LlamaCppVerifier.split_attention_from, for that Llama; None until checked.
     """
 
     def __init__(self, drafter="trie", *, max_draft_tokens: int = 16, budget="auto", self_check: bool = True):
@@ -129,6 +133,7 @@ class DraftcoreDraftModel(LlamaDraftModel):
                               f"{DEFAULT_N_BATCH} by default), got {max_draft_tokens}")
         self.self_check = flag("self_check", self_check)
         self.self_check_error = None
+        self.split_attention_from = None  # as LlamaCppVerifier's, for the first Llama checked
         self.all_logits_slowdown = None   # a prompt's evaluation with logits_all / without (logits_cost.py)
         self.budget = CostAwareBudget(max_nodes=self.max_draft_tokens) if budget == "auto" \
             else as_budget_policy(budget)
@@ -170,6 +175,10 @@ class DraftcoreDraftModel(LlamaDraftModel):
             warn_if_inexact(lib, self.self_check_error, ftype=int(lib.llama_model_ftype(llm.model)),
                             flash_attn_type=int(llm.context_params.flash_attn_type), who="DraftcoreDraftModel",
                             batch_limit=f"keep max_draft_tokens at most {CPU_TREE_NODES - 1}")
+            n_threads = int(lib.llama_n_threads(llm.ctx))
+            self.split_attention_from = split_attention_from(
+                lib, llm.context_params, n_threads=n_threads, offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers))
+            warn_if_split_attention(lib, self.split_attention_from, n_threads=n_threads, who="DraftcoreDraftModel")
             self.all_logits_slowdown = all_logits_slowdown(lib, llm)
             warn_if_slow(self.all_logits_slowdown, llm.n_vocab())
         self._served.add(llm)

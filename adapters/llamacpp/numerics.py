@@ -23,6 +23,20 @@ type (0.010 - 0.058), but not Q4_K_M without repacking, whose kernels change onl
 On 20 HumanEval prompts (128 new tokens, 2 threads) repacked Q4_K_M made 9 of 20 of draftcore's
 outputs, and 17 of 20 of llama-cpp-python's own prompt lookup, differ from plain greedy.
 
+Past 256 tokens of context there is a second difference, from the attention, not the weights. For
+ONE query over a KV view of at least 512 cells, llama.cpp's CPU flash attention (ggml-cpu ops.cpp,
+llama-cpp-python 0.3.36) splits the view into one piece per thread and merges the pieces' partial
+softmax sums; a batch of several queries computes each row over the whole view. It does so only for
+an F16 or F32 cache, and the view is the used cells rounded up to 256: from 257 cached tokens on, with
+more than one thread, a verify's logits differ from one-token decoding's. Measured (SmolLM2 Q4_1, flash
+attention on, a 4-token chain after a 300-token context): 0.95 (3.3 % of the largest logit) with an F16
+cache and 2 threads; 0 with one thread, and 0 with a Q8_0 cache at 2 threads; 0 everywhere after a
+200-token context. On 6 agent prompts of 366-401 tokens (128 new tokens, 2 threads) draftcore's trie
+output equalled plain greedy on 0 of 6 with an F16 cache, on 6 of 6 with a Q8_0 cache or one thread.
+The self-check's context is too short to see it, and a check long enough would prefill 257 tokens at
+every construction (seconds for a 7B model on a CPU): `split_attention_from` names the case from the
+context's settings, and tests/test_llamacpp_long_context.py measures it on the installed llama.cpp.
+
 Why the cap is not found by probing each tree size at construction (measured 2026-11-26: chains,
 two-branch trees and stars of 2-9 nodes, and chains of 2-63, against one-token decoding, 2 threads):
 - With flash attention off, exactness follows the tokens and positions, not the size: on Q4_1 a
@@ -53,6 +67,42 @@ def default_max_tree_nodes(n_batch: int, offloaded: bool) -> int:
     """The most nodes a verify takes when the caller set no max_tree_nodes: n_batch (one llama_decode
     holds the tree), capped at CPU_TREE_NODES where no layer is offloaded to a GPU."""
     return n_batch if offloaded else min(n_batch, CPU_TREE_NODES)
+
+
+# ggml's CPU flash attention splits one query's KV view across threads from this many cells of view
+# (ops.cpp, use_split_kv_path), and llama.cpp rounds the view up to a multiple of 256 cells.
+SPLIT_KV_VIEW = 512
+KV_VIEW_PADDING = 256
+
+
+def split_attention_from(lib, params, *, n_threads: int, offloaded: bool) -> int | None:
+    """The context length (cached tokens) from which one-token decoding on a context with these
+    llama_context_params computes its attention in per-thread pieces while a batch does not (module
+    docstring), or None where it never does: no layer offloaded (GPU kernels were not measured),
+    flash attention on or automatic (on for a CPU), an F16 or F32 K and V cache, more than one thread
+    decoding, and room for a view of SPLIT_KV_VIEW cells."""
+    if offloaded or n_threads <= 1 or params.flash_attn_type == lib.LLAMA_FLASH_ATTN_TYPE_DISABLED:
+        return None
+    split_types = (lib.GGML_TYPE_F16, lib.GGML_TYPE_F32)
+    if params.type_k not in split_types or params.type_v != params.type_k or params.n_ctx < SPLIT_KV_VIEW:
+        return None
+    return SPLIT_KV_VIEW - KV_VIEW_PADDING + 1
+
+
+def warn_if_split_attention(lib, from_tokens: int | None, *, n_threads: int, who: str = "LlamaCppVerifier") -> None:
+    """InexactBatchWarning when `from_tokens` (split_attention_from) is not None, naming the two
+    settings that make batches exact past it."""
+    if from_tokens is None:
+        return
+    warnings.warn(
+        f"{who}: with flash attention, an F16/F32 KV cache and n_threads={n_threads}, llama.cpp computes "
+        f"one token's attention over a context of {from_tokens} tokens or more in pieces, one per thread, "
+        f"and a batch's row by row: from there a verify's logits differ from one-token decoding's (by up "
+        f"to 3% of the largest logit on SmolLM2), and greedy output drifts from plain decoding on most "
+        f"long prompts, as llama.cpp's own speculative decoding does. For bit-identical output use a "
+        f"quantized KV cache (type_k=type_v=llama_cpp.GGML_TYPE_Q8_0, in your Llama too) or n_threads=1 "
+        f"(docs/llamacpp.md, 'Quantized weights and exactness')", InexactBatchWarning,
+        stacklevel=caller_stacklevel())
 
 
 class InexactBatchWarning(UserWarning):

@@ -45,8 +45,9 @@ from draftcore.validate import flag, positive_int, token_array
 from . import branches
 from .batch import Batch, leaf_membership
 from .context import (DEFAULT_N_BATCH, Limits, default_threads, import_llama_cpp, load_model, new_context,
-                      read_limits, split_overrides, tree_context_params)
-from .numerics import default_max_tree_nodes, is_float_weights, warn_if_inexact
+                      offloads_layers, read_limits, split_overrides, tree_context_params)
+from .numerics import (default_max_tree_nodes, is_float_weights, split_attention_from, warn_if_inexact,
+                       warn_if_split_attention)
 
 DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: any tree of up to 64 nodes
 
@@ -77,6 +78,10 @@ class LlamaCppVerifier:
                      relative to the largest logit (None when it did not run). Above
                      numerics.NEAR_TIE_ONLY the construction warned (InexactBatchWarning); 0 says
                      only that its 5-node tree was bit-exact (larger batches: numerics.py).
+        split_attention_from: the context length (cached tokens) from which this context's
+                     one-token decoding splits its attention across threads and a verify's does not
+                     (numerics.split_attention_from; warned at construction), None where it never
+                     does or the self-check did not run.
     """
 
     def __init__(self, lib, model, ctx, limits: Limits, *, keepalive=(), llm=None, max_tree_nodes=None,
@@ -113,6 +118,7 @@ class LlamaCppVerifier:
         self._prefilled = False
         self._warned = False
         self.self_check_error = None  # the construction self-check's relative error, when it ran
+        self.split_attention_from = None  # context length from which batches stop being exact, if any
 
     # ------------------------------------------------------------------ construction
 
@@ -160,9 +166,10 @@ class LlamaCppVerifier:
             lib.llama_model_free(model)
             raise
         owner = _Owner(lib, model, ctx)
+        offloaded = offloads_layers(lib, n_gpu_layers)
         verifier = cls(lib, model, ctx, read_limits(lib, ctx), keepalive=(owner,), max_tree_nodes=max_tree_nodes,
-                       offloaded=_offloaded(lib, n_gpu_layers), reuse_prefix=reuse_prefix)
-        return verifier._checked(params.flash_attn_type) if self_check else verifier
+                       offloaded=offloaded, reuse_prefix=reuse_prefix)
+        return verifier._checked(params, offloaded) if self_check else verifier
 
     @classmethod
     def from_llama(cls, llm, *, strict: bool = False, own_context: bool = False,
@@ -187,7 +194,7 @@ class LlamaCppVerifier:
         reuse_prefix = flag("reuse_prefix", reuse_prefix)   # checked, though a borrowed context is never reused
         if not isinstance(llm, lib.Llama):
             raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
-        params, offloaded = llm.context_params, _offloaded(lib, llm.model_params.n_gpu_layers)
+        params, offloaded = llm.context_params, offloads_layers(lib, llm.model_params.n_gpu_layers)
         if own_context:
             n_seq_max = positive_int("n_seq_max", n_seq_max, minimum=2)
             params = tree_context_params(lib, llm.context_params, n_seq_max=n_seq_max)
@@ -207,7 +214,7 @@ class LlamaCppVerifier:
                     f"LlamaCppVerifier.from_gguf(path, n_seq_max={DEFAULT_SEQ_MAX})")
             verifier = cls(lib, llm.model, llm.ctx, limits, keepalive=(llm,), llm=llm, max_tree_nodes=max_tree_nodes,
                            offloaded=offloaded)
-        return verifier._checked(params.flash_attn_type) if self_check else verifier
+        return verifier._checked(params, offloaded) if self_check else verifier
 
     def close(self) -> None:
         """Free what this verifier created (a borrowed Llama is left alone); the verifier is done."""
@@ -224,17 +231,20 @@ class LlamaCppVerifier:
     def __exit__(self, *exc):
         self.close()
 
-    def _checked(self, flash_attn_type: int) -> "LlamaCppVerifier":
+    def _checked(self, params, offloaded: bool) -> "LlamaCppVerifier":
         """This verifier once it passed the self-check (warned about if its batches are not exact
-        enough: numerics.py); closed if it did not. `flash_attn_type`: the context's setting, which
-        the warning's advice names."""
+        enough, or stop being exact past some context length: numerics.py); closed if it did not.
+        `params`: the context's llama_context_params, whose settings the warnings' advice names."""
         ftype = int(self._lib.llama_model_ftype(self._model))
         try:
             error = self._self_check(ftype)
         except BaseException:
             self.close()
             raise
-        warn_if_inexact(self._lib, error, ftype=ftype, flash_attn_type=int(flash_attn_type))
+        warn_if_inexact(self._lib, error, ftype=ftype, flash_attn_type=int(params.flash_attn_type))
+        n_threads = int(self._lib.llama_n_threads(self._ctx))
+        self.split_attention_from = split_attention_from(self._lib, params, n_threads=n_threads, offloaded=offloaded)
+        warn_if_split_attention(self._lib, self.split_attention_from, n_threads=n_threads)
         return self
 
     def _self_check(self, ftype: int) -> float:
@@ -624,7 +634,7 @@ def llama_batch_error(llm) -> float:
     params.n_ubatch = min(params.n_ubatch, CHECK_BATCH)
     ctx = new_context(lib, llm.model, params)
     verifier = LlamaCppVerifier(lib, llm.model, ctx, read_limits(lib, ctx), keepalive=(_Owner(lib, None, ctx), llm),
-                                offloaded=_offloaded(lib, llm.model_params.n_gpu_layers))
+                                offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers))
     try:
         return verifier._self_check(int(lib.llama_model_ftype(llm.model)))
     finally:
@@ -650,11 +660,6 @@ class _Owner:
 
     def close(self) -> None:
         self._finalize()
-
-
-def _offloaded(lib, n_gpu_layers: int) -> bool:
-    """Whether a model loaded with `n_gpu_layers` runs any layer on a GPU."""
-    return n_gpu_layers != 0 and bool(lib.llama_supports_gpu_offload())
 
 
 def _free(lib, model, ctx) -> None:

