@@ -20,6 +20,7 @@ from draftcore.adapters.llamacpp.numerics import split_attention_from  # noqa: E
 from draftcore.tree import DraftTree  # noqa: E402
 
 F16, F32, Q8_0 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F32, llama_cpp.GGML_TYPE_Q8_0
+BF16 = 30   # ggml's id; llama-cpp-python 0.3.36 has no constant for it (context.GGML_TYPE_IDS)
 
 
 def _params(**fields):
@@ -36,11 +37,12 @@ def _params(**fields):
     ({"flash_attn_type": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}, 2, False, 257),   # AUTO is on for a CPU
     ({}, 1, False, None),                                          # one thread: one piece, as a batch row
     ({"type_k": Q8_0, "type_v": Q8_0}, 2, False, None),            # quantized cache: never split
+    ({"type_k": BF16, "type_v": BF16}, 2, False, None),            # BF16 neither
     ({"type_v": Q8_0}, 2, False, None),                            # K and V must share F16/F32
     ({"flash_attn_type": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}, 2, False, None),
     ({"n_ctx": 256}, 2, False, None),                              # the view never reaches 512 cells
     ({}, 2, True, None),                                           # GPU kernels: not measured, not claimed
-], ids=["f16", "f32-8-threads", "flash-auto", "one-thread", "q8_0", "mixed", "no-flash", "short-context", "gpu"])
+], ids=["f16", "f32-8-threads", "flash-auto", "one-thread", "q8_0", "bf16", "mixed", "no-flash", "short-context", "gpu"])
 def test_the_rule_reads_the_settings(fields, n_threads, offloaded, expected):
     assert split_attention_from(llama_cpp, _params(**fields), n_threads=n_threads, offloaded=offloaded) == expected
 
@@ -61,7 +63,8 @@ def _chain_vs_one_token(verifier, context_tokens: int) -> float:
     return float(np.abs(batch - np.stack(one)).max())
 
 
-@pytest.mark.parametrize("kv_type, n_threads", [(F16, 2), (F16, 1), (Q8_0, 2)], ids=["f16-2", "f16-1", "q8_0-2"])
+@pytest.mark.parametrize("kv_type, n_threads", [(F16, 2), (F16, 1), (Q8_0, 2), (BF16, 2)],
+                         ids=["f16-2", "f16-1", "q8_0-2", "bf16-2"])
 def test_the_rule_matches_what_llama_cpp_computes(packaged_gguf, kv_type, n_threads):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InexactBatchWarning)

@@ -109,13 +109,18 @@ def tree_context_params(lib, base=None, *, n_ctx=None, n_batch=None, n_seq_max: 
 # The KV cache types llama.cpp offers (its --cache-type-k/-v choices); any other ggml type id aborts
 # the process or crashes it at context creation.
 KV_CACHE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "IQ4_NL", "Q5_0", "Q5_1")
+# ggml's ids (ggml.h's enum, fixed) of the types llama-cpp-python has no constant for: it defines no
+# GGML_TYPE_BF16 (0.3.36), though llama.cpp takes a BF16 cache (exact past 256 tokens: numerics.py).
+GGML_TYPE_IDS = {"BF16": 30}
 
 
 def check_kv_type(lib, name: str, value) -> int:
     """`value` as one of llama.cpp's KV cache ggml types, or ConfigError naming `name`."""
-    allowed = {getattr(lib, "GGML_TYPE_" + t): t for t in KV_CACHE_TYPES if hasattr(lib, "GGML_TYPE_" + t)}
+    allowed = {getattr(lib, "GGML_TYPE_" + t, GGML_TYPE_IDS.get(t)): t for t in KV_CACHE_TYPES}
+    allowed.pop(None, None)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) not in allowed:
-        choices = ", ".join(f"llama_cpp.GGML_TYPE_{t} ({v})" for v, t in sorted(allowed.items()))
+        choices = ", ".join(f"{'llama_cpp.' if hasattr(lib, 'GGML_TYPE_' + t) else ''}GGML_TYPE_{t} ({v})"
+                            for v, t in sorted(allowed.items()))
         raise ConfigError(f"{name}: expected a KV cache type, one of {choices}; got {value!r}")
     return int(value)
 
