@@ -44,7 +44,9 @@ def _params(**fields):
     ({}, 2, True, None),                                           # GPU kernels: not measured, not claimed
 ], ids=["f16", "f32-8-threads", "flash-auto", "one-thread", "q8_0", "bf16", "mixed", "no-flash", "short-context", "gpu"])
 def test_the_rule_reads_the_settings(fields, n_threads, offloaded, expected):
-    assert split_attention_from(llama_cpp, _params(**fields), n_threads=n_threads, offloaded=offloaded) == expected
+    params = _params(**fields)
+    assert split_attention_from(llama_cpp, params, n_ctx=params.n_ctx, n_threads=n_threads,
+                                offloaded=offloaded) == expected
 
 
 def _chain_vs_one_token(verifier, context_tokens: int) -> float:

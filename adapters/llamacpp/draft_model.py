@@ -177,7 +177,8 @@ class DraftcoreDraftModel(LlamaDraftModel):
                             batch_limit=f"keep max_draft_tokens at most {CPU_TREE_NODES - 1}")
             n_threads = int(lib.llama_n_threads(llm.ctx))
             self.split_attention_from = split_attention_from(
-                lib, llm.context_params, n_threads=n_threads, offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers))
+                lib, llm.context_params, n_ctx=int(lib.llama_n_ctx(llm.ctx)), n_threads=n_threads,
+                offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers))
             warn_if_split_attention(lib, self.split_attention_from, n_threads=n_threads, who="DraftcoreDraftModel")
             self.all_logits_slowdown = all_logits_slowdown(lib, llm)
             warn_if_slow(self.all_logits_slowdown, llm.n_vocab())

@@ -75,16 +75,17 @@ SPLIT_KV_VIEW = 512
 KV_VIEW_PADDING = 256
 
 
-def split_attention_from(lib, params, *, n_threads: int, offloaded: bool) -> int | None:
+def split_attention_from(lib, params, *, n_ctx: int, n_threads: int, offloaded: bool) -> int | None:
     """The context length (cached tokens) from which one-token decoding on a context with these
-    llama_context_params computes its attention in per-thread pieces while a batch does not (module
-    docstring), or None where it never does: no layer offloaded (GPU kernels were not measured),
-    flash attention on or automatic (on for a CPU), an F16 or F32 K and V cache, more than one thread
-    decoding, and room for a view of SPLIT_KV_VIEW cells."""
+    llama_context_params (`n_ctx` cells and `n_threads` decoding threads, as created) computes its
+    attention in per-thread pieces while a batch does not (module docstring), or None where it never
+    does: no layer offloaded (GPU kernels were not measured), flash attention on or automatic (on for
+    a CPU), an F16 or F32 K and V cache, more than one thread, and room for a view of SPLIT_KV_VIEW
+    cells."""
     if offloaded or n_threads <= 1 or params.flash_attn_type == lib.LLAMA_FLASH_ATTN_TYPE_DISABLED:
         return None
     split_types = (lib.GGML_TYPE_F16, lib.GGML_TYPE_F32)
-    if params.type_k not in split_types or params.type_v != params.type_k or params.n_ctx < SPLIT_KV_VIEW:
+    if params.type_k not in split_types or params.type_v != params.type_k or n_ctx < SPLIT_KV_VIEW:
         return None
     return SPLIT_KV_VIEW - KV_VIEW_PADDING + 1
 
@@ -99,7 +100,8 @@ def warn_if_split_attention(lib, from_tokens: int | None, *, n_threads: int, who
         f"one token's attention over a context of {from_tokens} tokens or more in pieces, one per thread, "
         f"and a batch's row by row: from there a verify's logits differ from one-token decoding's (by up "
         f"to 3% of the largest logit on SmolLM2), and greedy output drifts from plain decoding on most "
-        f"long prompts, as llama.cpp's own speculative decoding does. For bit-identical output use a "
+        f"long prompts, as llama.cpp's own speculative decoding does (and plain decoding's own output "
+        f"there changes with the thread count). For bit-identical output use a "
         f"quantized KV cache (type_k=type_v=llama_cpp.GGML_TYPE_Q8_0, in your Llama too) or n_threads=1 "
         f"(docs/llamacpp.md, 'Quantized weights and exactness')", InexactBatchWarning,
         stacklevel=caller_stacklevel())

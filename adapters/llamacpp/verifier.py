@@ -243,7 +243,8 @@ class LlamaCppVerifier:
             raise
         warn_if_inexact(self._lib, error, ftype=ftype, flash_attn_type=int(params.flash_attn_type))
         n_threads = int(self._lib.llama_n_threads(self._ctx))
-        self.split_attention_from = split_attention_from(self._lib, params, n_threads=n_threads, offloaded=offloaded)
+        self.split_attention_from = split_attention_from(self._lib, params, n_ctx=self.max_context, n_threads=n_threads,
+                                                         offloaded=offloaded)
         warn_if_split_attention(self._lib, self.split_attention_from, n_threads=n_threads)
         return self
 
