@@ -279,6 +279,7 @@ def llamacpp_child(args) -> None:
 
 
 def _llamacpp_measure(args) -> dict:
+    from draftcore.selfcheck import chain_against_one_token
     from draftcore.tools.backends import llamacpp
     if small_mode(args):
         from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
@@ -297,7 +298,9 @@ def _llamacpp_measure(args) -> dict:
     methods = [_capturing(m, outputs) for m in llamacpp.make_methods(handle, None, LLAMACPP_METHODS, eos_token_id=eos)]
     verifier = methods[LLAMACPP_METHODS.index("trie")].verifier
     section = {"offloaded": args.device != "cpu", "ms_by_nodes": verify_cost_ms(verifier, SIZES, args.n_past,
-                                                                                args.reps)}
+                                                                                args.reps),
+               "split_attention_from": verifier.split_attention_from, "kv_cache": llamacpp.model_settings(handle)["kv_cache"],
+               "chain_vs_one_token": {n: chain_against_one_token(verifier, n) for n in LONG_CONTEXTS}}
     bound = NEAR_TIE["float32" if small_mode(args) else "quantized"]   # the tiny GGUF's weights are float32
     return _bench(methods, prompts, args, section, lambda section: None,
                   lambda records: _divergences(records, outputs, prompts, methods[0].name,
@@ -449,6 +452,12 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+# Context lengths at which the llama.cpp section compares a 4-token chain with one-token decoding: its
+# CPU flash attention splits one token's attention across threads from 257 cached tokens on (F16
+# cache), and a verify's not (adapters/llamacpp/numerics.py); whether CUDA's kernels do alike is
+# unmeasured.
+LONG_CONTEXTS = (200, 300, 1000)
+
 COST_TABLES = (("ms_by_nodes", "before the methods ran"),
                ("ms_by_nodes_without_cudnn", "before the methods ran, sdpa without cuDNN attention"),
                ("ms_by_nodes_after", "after them"))
@@ -473,6 +482,12 @@ def section_tables(name: str, sec: dict) -> list[dict]:
         if sec.get(key):
             tables.append(table(f"{name}: one verify's wall time by tree size, ms (median), {when}",
                                 ["nodes", *sec[key]], [["ms", *sec[key].values()]]))
+    if sec.get("chain_vs_one_token"):
+        tables.append(table(f"{name}: largest |logit| difference, a 4-token chain verified at once against one "
+                            f"token at a time, by cached tokens before it ({sec.get('kv_cache')} KV cache; the "
+                            f"settings' rule says split attention from {sec.get('split_attention_from')})",
+                            ["cached tokens", *sec["chain_vs_one_token"]],
+                            [["difference", *(f"{d:.3g}" for d in sec["chain_vs_one_token"].values())]]))
     if sec.get("divergences"):
         tables.append(table(f"{name}: outputs that differ from plain decoding's",
                             ["method", "prompt", "first different token", "plain's top-2 logit gap there", "verdict"],

@@ -94,6 +94,20 @@ def plain_decoding_logits(verifier, prompt: np.ndarray, tokens) -> np.ndarray:
     return np.stack(rows)
 
 
+def chain_against_one_token(verifier, context_tokens: int, length: int = 4, seed: int = 0) -> float:
+    """The largest |logit| difference between a chain of `length` random tokens verified in one
+    forward and the same tokens decoded one per forward, after `context_tokens` random cached tokens:
+    what a verify at that context length changes against plain decoding (llama.cpp's split attention
+    past 256 tokens, adapters/llamacpp/numerics.py). Leaves the verifier holding the context and the
+    chain's tokens, committed."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, verifier.vocab_size, context_tokens).astype(np.int32)
+    chain = rng.integers(3, verifier.vocab_size, length).astype(np.int32)
+    verifier.prefill(prompt, 0)
+    batch = verifier.verify(DraftTree.chain(int(chain[0]), chain[1:]), length)[1]
+    return float(np.abs(batch - plain_decoding_logits(verifier, prompt, chain)).max())
+
+
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     """max |got - want| / max(1, max |want|) over float arrays of equal shape."""
     return float(np.abs(got - want).max() / max(1.0, float(np.abs(want).max())))

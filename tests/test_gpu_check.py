@@ -58,6 +58,10 @@ def test_small_mode_runs_every_section_of_the_gpu_check(small_run):
         methods = {r["method"] for r in section["rows"]}
         assert len(methods) >= 3 and {r["dataset"] for r in section["rows"]} == {"repeat", "random"}
         assert all(ms > 0 for ms in section["ms_by_nodes"].values()) and 1 in map(int, section["ms_by_nodes"])
+    if installed["llamacpp"]:   # the long-context exactness probe, by cached tokens (tiny float32 GGUF here)
+        probe = sections["llamacpp"]["chain_vs_one_token"]
+        assert list(map(int, probe)) == list(gpu_check.LONG_CONTEXTS) and all(d >= 0 for d in probe.values())
+        assert "a 4-token chain verified at once" in (out / "gpu_check.md").read_text()
     # the files the GPU run brings back: the JSON with its report, and the markdown table
     written = json.loads((out / "gpu_check.json").read_text())
     assert written["report"]["tables"] and (out / "gpu_check.md").read_text().count("| plain greedy") >= 4

@@ -17,7 +17,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import draftcore  # noqa: E402
 from draftcore.adapters.llamacpp import DraftcoreDraftModel, InexactBatchWarning, LlamaCppVerifier  # noqa: E402
 from draftcore.adapters.llamacpp.numerics import split_attention_from  # noqa: E402
-from draftcore.tree import DraftTree  # noqa: E402
+from draftcore.selfcheck import chain_against_one_token  # noqa: E402
 
 F16, F32, Q8_0 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F32, llama_cpp.GGML_TYPE_Q8_0
 BF16 = 30   # ggml's id; llama-cpp-python 0.3.36 has no constant for it (context.GGML_TYPE_IDS)
@@ -49,22 +49,6 @@ def test_the_rule_reads_the_settings(fields, n_threads, offloaded, expected):
                                 offloaded=offloaded) == expected
 
 
-def _chain_vs_one_token(verifier, context_tokens: int) -> float:
-    """Largest |logit| difference between a 4-token chain verified in one batch and the same tokens
-    decoded one at a time, after `context_tokens` cached tokens."""
-    rng = np.random.default_rng(context_tokens)
-    prompt = rng.integers(100, 20000, context_tokens).astype(np.int32)
-    chain = rng.integers(100, 20000, 4).astype(np.int32)
-    verifier.prefill(prompt)
-    batch = verifier.verify(DraftTree.chain(int(chain[0]), chain[1:]), n_logits=4)[1]
-    verifier.prefill(prompt)
-    one = []
-    for token in chain:
-        one.append(verifier.verify(DraftTree.root_only(int(token)), n_logits=1)[1][0])
-        verifier.commit([0])
-    return float(np.abs(batch - np.stack(one)).max())
-
-
 @pytest.mark.parametrize("kv_type, n_threads", [(F16, 2), (F16, 1), (Q8_0, 2), (BF16, 2)],
                          ids=["f16-2", "f16-1", "q8_0-2", "bf16-2"])
 def test_the_rule_matches_what_llama_cpp_computes(packaged_gguf, kv_type, n_threads):
@@ -74,8 +58,8 @@ def test_the_rule_matches_what_llama_cpp_computes(packaged_gguf, kv_type, n_thre
                                        type_k=kv_type, type_v=kv_type, reuse_prefix=False)
     try:
         assert v.self_check_error == 0.0                          # short contexts: bit-exact
-        assert _chain_vs_one_token(v, 200) == 0.0                 # a view of 256 cells: never split
-        past = _chain_vs_one_token(v, 300)                        # a view of 512 cells
+        assert chain_against_one_token(v, 200) == 0.0                 # a view of 256 cells: never split
+        past = chain_against_one_token(v, 300)                        # a view of 512 cells
         if v.split_attention_from is None:
             assert past == 0.0
         else:
