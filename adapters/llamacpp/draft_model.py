@@ -67,7 +67,7 @@ from draftcore.validate import flag, positive_int
 
 from .context import DEFAULT_N_BATCH, import_llama_cpp, offloads_layers
 from .logits_cost import all_logits_slowdown, warn_if_slow
-from .numerics import CPU_TREE_NODES, split_attention_from, warn_if_inexact, warn_if_split_attention
+from .numerics import CPU_TREE_NODES, check_split_attention, warn_if_inexact
 from .verifier import llama_batch_error
 
 # The menu's drafters that need nothing but the text. A Jacobi window learns from the model's outputs
@@ -175,11 +175,9 @@ class DraftcoreDraftModel(LlamaDraftModel):
             warn_if_inexact(lib, self.self_check_error, ftype=int(lib.llama_model_ftype(llm.model)),
                             flash_attn_type=int(llm.context_params.flash_attn_type), who="DraftcoreDraftModel",
                             batch_limit=f"keep max_draft_tokens at most {CPU_TREE_NODES - 1}")
-            n_threads = int(lib.llama_n_threads(llm.ctx))
-            self.split_attention_from = split_attention_from(
-                lib, llm.context_params, n_ctx=int(lib.llama_n_ctx(llm.ctx)), n_threads=n_threads,
-                offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers))
-            warn_if_split_attention(lib, self.split_attention_from, n_threads=n_threads, who="DraftcoreDraftModel")
+            self.split_attention_from = check_split_attention(
+                lib, llm.ctx, llm.context_params, offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers),
+                who="DraftcoreDraftModel")
             self.all_logits_slowdown = all_logits_slowdown(lib, llm)
             warn_if_slow(self.all_logits_slowdown, llm.n_vocab())
         self._served.add(llm)

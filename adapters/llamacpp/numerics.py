@@ -90,11 +90,15 @@ def split_attention_from(lib, params, *, n_ctx: int, n_threads: int, offloaded: 
     return SPLIT_KV_VIEW - KV_VIEW_PADDING + 1
 
 
-def warn_if_split_attention(lib, from_tokens: int | None, *, n_threads: int, who: str = "LlamaCppVerifier") -> None:
-    """InexactBatchWarning when `from_tokens` (split_attention_from) is not None, naming the two
-    settings that make batches exact past it."""
+def check_split_attention(lib, ctx, params, *, offloaded: bool, who: str) -> int | None:
+    """split_attention_from for the created context `ctx` (its n_ctx and decoding threads, as
+    llama.cpp read them back) with `params`; warns (InexactBatchWarning, naming `who` and the two
+    settings that make batches exact past it) where it is not None, and returns it."""
+    n_threads = int(lib.llama_n_threads(ctx))
+    from_tokens = split_attention_from(lib, params, n_ctx=int(lib.llama_n_ctx(ctx)), n_threads=n_threads,
+                                       offloaded=offloaded)
     if from_tokens is None:
-        return
+        return None
     warnings.warn(
         f"{who}: with flash attention, an F16/F32 KV cache and n_threads={n_threads}, llama.cpp computes "
         f"one token's attention over a context of {from_tokens} tokens or more in pieces, one per thread, "
@@ -105,6 +109,7 @@ def warn_if_split_attention(lib, from_tokens: int | None, *, n_threads: int, who
         f"quantized KV cache (type_k=type_v=llama_cpp.GGML_TYPE_Q8_0, in your Llama too) or n_threads=1 "
         f"(docs/llamacpp.md, 'Quantized weights and exactness')", InexactBatchWarning,
         stacklevel=caller_stacklevel())
+    return from_tokens
 
 
 class InexactBatchWarning(UserWarning):

@@ -46,8 +46,7 @@ from . import branches
 from .batch import Batch, leaf_membership
 from .context import (DEFAULT_N_BATCH, Limits, default_threads, import_llama_cpp, load_model, new_context,
                       offloads_layers, read_limits, split_overrides, tree_context_params)
-from .numerics import (default_max_tree_nodes, is_float_weights, split_attention_from, warn_if_inexact,
-                       warn_if_split_attention)
+from .numerics import check_split_attention, default_max_tree_nodes, is_float_weights, warn_if_inexact
 
 DEFAULT_SEQ_MAX = 64  # a tree of n >= 2 nodes has at most n - 1 leaves: any tree of up to 64 nodes
 
@@ -242,10 +241,8 @@ class LlamaCppVerifier:
             self.close()
             raise
         warn_if_inexact(self._lib, error, ftype=ftype, flash_attn_type=int(params.flash_attn_type))
-        n_threads = int(self._lib.llama_n_threads(self._ctx))
-        self.split_attention_from = split_attention_from(self._lib, params, n_ctx=self.max_context, n_threads=n_threads,
-                                                         offloaded=offloaded)
-        warn_if_split_attention(self._lib, self.split_attention_from, n_threads=n_threads)
+        self.split_attention_from = check_split_attention(self._lib, self._ctx, params, offloaded=offloaded,
+                                                          who="LlamaCppVerifier")
         return self
 
     def _self_check(self, ftype: int) -> float:
