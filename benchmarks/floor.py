@@ -10,6 +10,10 @@ Per (backend, context): median tok/s, the median and lowest per-prompt ratio to 
 below 0.95x, tokens per step and identical outputs; then the machine and the kernel choices each
 verifier made.
 
+Plain decoding also runs a second time, last in each prompt's turn ("plain greedy, again"): its
+ratios to the first run are the machine's own noise between two runs of the same thing, the yardstick
+for the lowest ratio and the prompts below 0.95x of the other methods (--no-control drops it).
+
     .venv/bin/python benchmarks/floor.py                      # hf, llamacpp, onnx; 100,1000,3000; 3 prompts
     .venv/bin/python benchmarks/floor.py --backends hf --contexts 100,1000 --n 2 --new 32
     .venv/bin/python benchmarks/floor.py --rounds 3     # each prompt's median of 3 rounds
@@ -17,6 +21,7 @@ verifier made.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -57,11 +62,13 @@ def context_prompts(tokenizer, document: np.ndarray, context: int, n: int) -> li
 
 
 def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str,
-                rounds: int = 1) -> tuple[list[list], dict]:
+                rounds: int = 1, control: bool = True) -> tuple[list[list], dict]:
     backend = load_backend(name)
     options = {"llamacpp": {"n_ctx": max(contexts) + new_tokens + 256}, "hf": {"attn": hf_attn}}.get(name, {})
     model, tokenizer = backend.load_model(None, **options)
     methods = backend.make_methods(model, tokenizer, METHODS)
+    if control:   # the same plain decoding again: how far two runs of one thing differ here
+        methods.append(dataclasses.replace(methods[0], name=f"{methods[0].name}, again"))
     document = document_ids(tokenizer)
     prompts = [p for context in contexts for p in context_prompts(tokenizer, document, context, n)]
     for method in methods:   # one short warm-up run each: first-call costs are no method's speed
@@ -95,12 +102,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every prompt this many times, each round afresh; a prompt's record is its "
                              "median round (a prompt's ratio then says less about the machine's noise)")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="skip the second run of plain decoding (the machine's noise)")
     parser.add_argument("--out", default="bench_out/floor")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     rows, details = [], {}
     for name in args.backends.split(","):
-        backend_rows, details[name] = run_backend(name, contexts, args.n, args.new, args.hf_attn, args.rounds)
+        backend_rows, details[name] = run_backend(name, contexts, args.n, args.new, args.hf_attn, args.rounds,
+                                                     args.control)
         rows += backend_rows
         print(table_text(table("", HEADER, backend_rows)), flush=True)
     rounds = f", the median of {args.rounds} rounds per prompt" if args.rounds > 1 else ""

@@ -17,7 +17,7 @@ import draftcore  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf import attention_backends, verifier as verifier_module  # noqa: E402
 from draftcore.adapters.torch_hf.fastest_forward import (  # noqa: E402
-    TRIALS, FastestForward, bucket_range, context_bucket)
+    RECHECK_EVERY, TRIALS, WINDOW, FastestForward, bucket_range, context_bucket)
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 
@@ -78,6 +78,81 @@ def test_one_slow_trial_does_not_decide():
     assert chooser.choices() == {"0-255": "split"}
 
 
+def test_a_choice_that_turned_slower_is_changed_by_the_rechecks():
+    """The split won its trials, then its calls slowed (say another process took a core): the
+    re-checks see it and the bucket moves to generate()'s forward within a window of them."""
+    clock = FakeClock()
+    slow = {"now": False}
+    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050,
+                                             "split": lambda n: 0.060 if slow["now"] else 0.040})
+    chooser = FastestForward(forwards, clock)
+    for n_past in range(2 * TRIALS):
+        chooser(None, n_past)
+    assert chooser.choices() == {"0-255": "split"}
+    slow["now"] = True
+    calls_to_switch = None
+    for call in range(WINDOW * (RECHECK_EVERY + 1)):
+        chooser(None, 100)
+        if chooser.choices() == {"0-255": "generate"}:
+            calls_to_switch = call + 1
+            break
+    assert calls_to_switch is not None, "the rechecks never moved off the forward that turned slower"
+    assert calls_to_switch <= (TRIALS + 1) * (RECHECK_EVERY + 1)
+    assert chooser.switches == 1
+    calls.clear()
+    for _ in range(RECHECK_EVERY - 1):
+        chooser(None, 100)
+    # what follows runs generate()'s forward, but for at most the second half of the re-check pair
+    assert sum(name == "split" for name, _ in calls) <= 1 and calls[-1][0] == "generate"
+
+
+def test_a_right_choice_costs_one_call_of_the_other_per_recheck():
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
+    chooser = FastestForward(forwards, clock)
+    for n_past in range(2 * TRIALS):
+        chooser(None, n_past)
+    calls.clear()
+    rechecks = 10
+    for _ in range(rechecks * (RECHECK_EVERY + 1)):
+        chooser(None, 100)
+    assert sum(name == "generate" for name, _ in calls) == rechecks
+    assert chooser.choices() == {"0-255": "split"} and chooser.switches == 0
+
+
+def test_rechecks_challenge_every_other_forward_in_turn_and_ties_keep_the_choice():
+    """Three forwards (CUDA: generate, split, generate without cuDNN): each re-check times the kept
+    one and the next of the others; an equally fast challenger does not take the bucket."""
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"a": lambda n: 0.050, "b": lambda n: 0.040, "c": lambda n: 0.040})
+    chooser = FastestForward(forwards, clock)
+    for n_past in range(3 * TRIALS):
+        chooser(None, n_past)
+    assert chooser.choices() == {"0-255": "b"}   # b and c tie: the earlier one
+    calls.clear()
+    for _ in range(4 * (RECHECK_EVERY + 1)):
+        chooser(None, 100)
+    challengers = [name for name, _ in calls if name != "b"]
+    assert challengers == ["a", "c", "a", "c"]
+    assert chooser.choices() == {"0-255": "b"} and chooser.switches == 0
+
+
+def test_each_bucket_rechecks_on_its_own_calls():
+    """Re-checks count a bucket's own calls: calls at another context neither advance nor trigger them."""
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
+    chooser = FastestForward(forwards, clock)
+    for n_past in list(range(2 * TRIALS)) + list(range(300, 300 + 2 * TRIALS)):
+        chooser(None, n_past)
+    calls.clear()
+    for _ in range(RECHECK_EVERY):
+        chooser(None, 100)
+        chooser(None, 400)
+    assert calls.count(("generate", 100)) == 0 and calls.count(("generate", 400)) == 0
+    chooser(None, 100)
+    assert calls[-1] == ("generate", 100)
+
+
 def test_a_single_forward_is_never_timed():
     def clock():
         raise AssertionError("timed")
@@ -113,6 +188,35 @@ def test_no_draft_steps_equal_generate_whichever_forward_is_kept(attn, kept):
     assert len(calls) == len(want) - 1   # every step after the prefill went through the kept forward
 
 
+def test_no_draft_steps_through_rechecks_and_a_switch_equal_generate():
+    """A long budget-0 run in one bucket re-checks its choice several times, and a clock that makes
+    the kept forward look slower moves the bucket mid-request: the tokens stay generate()'s."""
+    model = tiny_llama(seed=0)
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(2, model.config.vocab_size, 40).astype(np.int32)
+    new_tokens = 3 * (RECHECK_EVERY + 1) + 2 * TRIALS + 10
+    with torch.inference_mode():
+        ids = torch.from_numpy(prompt).long()[None]
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=1)[0, 40:].numpy()
+    verifier = HFVerifier(model)
+    chooser = verifier._one_token
+    clock = FakeClock()
+    chooser.clock = clock
+    ran = []
+    for name, forward in list(chooser.forwards.items()):
+        def counted(token, n_past, name=name, forward=forward):
+            ran.append(name)
+            clock.now += 0.040 if name == "split" and len(ran) <= 2 * TRIALS else 0.050
+            clock.now += 0.030 if name == "split" and len(ran) > 2 * TRIALS else 0.0
+            return forward(token, n_past)
+        chooser.forwards[name] = counted
+    got = draftcore.speculate(verifier, prompt, max_new_tokens=new_tokens, budget=0).tokens
+    assert got.tolist() == want.tolist()
+    assert chooser.switches == 1 and verifier.one_token_choices == {"0-255": "generate"}
+    assert ran[2 * TRIALS:].count("split") >= 2   # the split ran after its trials, then lost the bucket
+
+
 def test_a_trial_waits_for_its_result_before_the_clock_is_read():
     """On a GPU a forward returns before its kernels finish: `wait` runs inside the timed region,
     so what it waits for is counted; outside the trials it is not called."""
@@ -140,7 +244,8 @@ def test_cudnn_twins_only_where_cudnn_attention_could_run():
     assert not attention_backends.cudnn_attention_may_run(cuda, torch.bfloat16, "eager")
     assert not attention_backends.cudnn_attention_may_run(cpu, torch.bfloat16, "sdpa")
     assert set(HFVerifier(tiny_llama(seed=0)).kernel_choices) == {"split_head", "linear_ways",
-                                                                  "packed_linear", "one_token"}
+                                                                  "packed_linear", "one_token",
+                                                                  "one_token_switches"}
 
 
 def test_without_cudnn_restricts_sdpa_inside_the_call_only():

@@ -18,19 +18,31 @@ Which is faster depends on the machine (the split's kernels pay on one CPU and n
 plans cost little where shapes repeat and much where they do not) and on the context (attention grows
 with it, the Linear layers do not). So none is assumed: per context bucket (powers of two of n_past,
 everything under 256 in one), the first calls alternate between the forwards, `TRIALS` each, and the
-bucket then keeps the one with the lower median. Each bucket's choice is kept for the verifier's
-lifetime, across requests. The forwards give the same logits within the verifier's construction
-check (head.py, selfcheck.py); the "generate" one is the very forward plain decoding runs.
+bucket then keeps the one with the lower median. The forwards give the same logits within the
+verifier's construction check (head.py, selfcheck.py); the "generate" one is the very forward plain
+decoding runs.
+
+A choice made from a few trials can be wrong for good: trials taken while the machine was busy, or
+in the first cold calls of a bucket. So the choice is kept for the verifier's lifetime, but not
+blindly: every `RECHECK_EVERY` calls of a bucket, two calls in a row are timed, the kept forward's
+and one other's (in turn where there are several), each forward keeps its last `WINDOW` times, and
+the bucket keeps whichever then has the lower median. The two times of a re-check are taken at
+nearly the same context, so the medians compare like with like while the context grows inside a
+bucket. Where the kept forward is the faster, a re-check costs one slower call in `RECHECK_EVERY`
+(on a GPU, also two waits for the queue to drain).
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
 
 TRIALS = 3            # timed calls of each forward per context bucket before one is kept
+RECHECK_EVERY = 64    # calls of a bucket between two re-checks of its choice, once made
+WINDOW = 7            # a forward's last timed calls, per bucket, whose median decides
 SMALLEST_BUCKET = 8   # contexts under 2**8 tokens share one bucket
 
 
@@ -60,26 +72,53 @@ class FastestForward:
         self.forwards = forwards
         self.clock = clock
         self.wait = wait
-        self._seconds: dict[int, dict[str, list[float]]] = {}   # bucket -> forward -> trial seconds
-        self.chosen: dict[int, str] = {}                         # bucket -> the forward it keeps
-        self._pinned: str | None = None                          # the forward every call runs, untimed
+        self._seconds: dict[int, dict[str, deque]] = {}   # bucket -> forward -> its last WINDOW times
+        self.chosen: dict[int, str] = {}                   # bucket -> the forward it keeps
+        self._since: dict[int, int] = {}                   # bucket -> calls since its last re-check
+        self._challenges: dict[int, int] = {}              # bucket -> re-checks made (whose turn is next)
+        self.switches = 0                                  # times a re-check changed a bucket's choice
+        self._pinned: str | None = None                    # the forward every call runs, untimed
 
     def __call__(self, inputs, n_past: int):
         if self._pinned is not None:
             return self.forwards[self._pinned](inputs, n_past)
+        if len(self.forwards) == 1:
+            return next(iter(self.forwards.values()))(inputs, n_past)
         bucket = context_bucket(n_past)
-        name = self.chosen.get(bucket)
-        if name is not None or len(self.forwards) == 1:
-            return self.forwards[name or next(iter(self.forwards))](inputs, n_past)
-        trials = self._seconds.setdefault(bucket, {key: [] for key in self.forwards})
-        name = min(trials, key=lambda key: len(trials[key]))   # alternate: the one with fewest trials
+        times = self._seconds.setdefault(bucket, {key: deque(maxlen=WINDOW) for key in self.forwards})
+        kept = self.chosen.get(bucket)
+        if kept is None:   # still alternating: the forward with the fewest trials goes next
+            return self._timed(min(times, key=lambda key: len(times[key])), inputs, n_past, bucket)
+        since = self._since.get(bucket, 0) + 1
+        self._since[bucket] = since
+        if since < RECHECK_EVERY:
+            return self.forwards[kept](inputs, n_past)
+        if since == RECHECK_EVERY:          # a re-check: the kept forward's time, then a challenger's
+            return self._timed(kept, inputs, n_past, bucket)
+        self._since[bucket] = 0
+        others = [key for key in self.forwards if key != kept]
+        challenger = others[self._challenges.get(bucket, 0) % len(others)]
+        self._challenges[bucket] = self._challenges.get(bucket, 0) + 1
+        return self._timed(challenger, inputs, n_past, bucket)
+
+    def _timed(self, name: str, inputs, n_past: int, bucket: int):
+        """Run forward `name`, record its time in `bucket`, and decide the bucket again where every
+        forward has TRIALS times."""
         start = self.clock()
         result = self.forwards[name](inputs, n_past)
         if self.wait is not None:
             self.wait(result)
-        trials[name].append(self.clock() - start)
-        if all(len(seconds) >= TRIALS for seconds in trials.values()):
-            self.chosen[bucket] = min(trials, key=lambda key: float(np.median(trials[key])))
+        times = self._seconds[bucket]
+        times[name].append(self.clock() - start)
+        if all(len(seconds) >= TRIALS for seconds in times.values()):
+            median = {key: float(np.median(seconds)) for key, seconds in times.items()}
+            faster = min(median, key=median.get)
+            kept = self.chosen.get(bucket)
+            if kept is None:
+                self.chosen[bucket] = faster
+            elif median[faster] < median[kept]:   # a tie keeps what was kept
+                self.chosen[bucket] = faster
+                self.switches += 1
         return result
 
     @contextmanager
@@ -97,6 +136,9 @@ class FastestForward:
         should not decide)."""
         self._seconds.clear()
         self.chosen.clear()
+        self._since.clear()
+        self._challenges.clear()
+        self.switches = 0
 
     def choices(self) -> dict[str, str]:
         """{context range: the forward kept there} for the buckets decided so far."""

@@ -323,7 +323,8 @@ class HFVerifier:
         only where tree forwards race (CUDA, fp16/bf16: with or without cuDNN's attention)."""
         head = self._split_head
         choices = {"split_head": head is not None, "linear_ways": self.linear_ways,
-                   "packed_linear": self.packed_linear, "one_token": self.one_token_choices}
+                   "packed_linear": self.packed_linear, "one_token": self.one_token_choices,
+                   "one_token_switches": self._one_token.switches}
         if len(self._trees.forwards) > 1:
             choices["tree"] = self._trees.choices()
         return choices
