@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from draftcore.tools import cli
-from draftcore.tools.bench import (Method, Prompt, Run, bare_call_method, draftcore_method, format_table,
-                                   kernel_choices, run_benchmark, summarize, write_outputs)
+from draftcore.tools.bench import (FLOOR, Method, Prompt, Run, bare_call_method, draftcore_method, format_table,
+                                   kernel_choices, run_benchmark, summarize, summary_table, with_control,
+                                   write_outputs)
 from draftcore.tools.traces import read_traces
 
 REPO_TRACES = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "smollm2_greedy_traces.jsonl.gz")
@@ -45,6 +46,35 @@ def test_run_benchmark_interleaves_checks_identity_and_summarizes(tmp_path):
     assert json.load(open(paths[0]))["summary"]
     if len(paths) > 1:
         assert os.path.getsize(paths[1]) > 1000  # a real PNG
+
+
+def test_summary_counts_prompts_below_the_floor_and_sums_all_tokens_over_all_time():
+    """Over 10, 10 and 40 tokens plain takes 1, 1 and 4 s, the method 0.5, 1.25 (0.8x: below the
+    floor) and 3 s: per-prompt ratios 2.0, 0.8 and 1.33, median 1.33; all tokens over all time
+    60 / 4.75 against plain's 60 / 6."""
+    def record(method, idx, seconds, tokens):
+        return {"dataset": "d", "idx": idx, "method": method, "new_tokens": tokens, "seconds": seconds,
+                "steps": tokens, "tokens_per_second": tokens / seconds, "drafting_share": 0.0, "identical": True}
+    tokens = [10, 10, 40]
+    records = [record("plain", i, s, n) for i, (s, n) in enumerate(zip([1.0, 1.0, 4.0], tokens))]
+    records += [record("m", i, s, n) for i, (s, n) in enumerate(zip([0.5, 1.25, 3.0], tokens))]
+    row = {r["method"]: r for r in summarize(records, baseline="plain")}["m"]
+    assert row["speedup"] == pytest.approx(4 / 3) and row["speedup_min"] == pytest.approx(0.8)
+    assert row["speedup_all"] == pytest.approx(6 / 4.75)
+    assert row["below_floor"] == 1 and 0.8 < FLOOR
+    cells = summary_table([row])["rows"][0]
+    assert "1/3" in cells and f"{6 / 4.75:.2f}x" in cells
+    old = {k: v for k, v in row.items() if k not in ("speedup_all", "below_floor")}   # a run summarized before
+    assert summary_table([old])["rows"][0].count("–") == 2
+
+
+def test_the_control_runs_the_reference_again_last_under_its_own_name():
+    plain, fast = _fake_method("plain", 0.02), _fake_method("fast", 0.01)
+    methods = with_control([plain, fast])
+    assert [m.name for m in methods] == ["plain", "fast", "plain, again"] and methods[2].run is plain.run
+    prompts = [Prompt("d", i, np.array([i + 1], np.int32)) for i in range(3)]
+    rows = {r["method"]: r for r in summarize(run_benchmark(methods, prompts, 8, warmup=0), baseline="plain")}
+    assert rows["plain, again"]["speedup"] == pytest.approx(1.0) and rows["plain, again"]["identical"] == 3
 
 
 def test_rounds_report_each_runs_median_round_and_start_every_dataset_afresh():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -18,6 +18,8 @@ import numpy as np
 from ..validate import positive_int
 from . import variants  # noqa: F401  (registers the measured variants: every method runs them by name)
 from .report import make_report, table, table_text
+
+FLOOR = 0.95   # a prompt's ratio to plain decoding below this counts against the floor (benchmarks/floor.py too)
 
 
 @dataclass
@@ -276,11 +278,16 @@ def summarize(records: list[dict], baseline: str) -> list[dict]:
     for (dataset, method), rs in by_key.items():
         ratios = per_prompt_speedups(rs, base)
         total_tokens = sum(r["new_tokens"] for r in rs)
+        paired = [(r, base[(r["dataset"], r["idx"])]) for r in rs if (r["dataset"], r["idx"]) in base]
+        base_rate = sum(b["new_tokens"] for _, b in paired) / max(sum(b["seconds"] for _, b in paired), 1e-12)
+        rate = sum(r["new_tokens"] for r, _ in paired) / max(sum(r["seconds"] for r, _ in paired), 1e-12)
         rows.append({
             "dataset": dataset, "method": method, "prompts": len(rs),
             "tok_s": float(np.median([r["tokens_per_second"] for r in rs])),
             "speedup": float(np.median(ratios)) if ratios else float("nan"),
+            "speedup_all": rate / base_rate if paired and base_rate > 0 else float("nan"),
             "speedup_min": float(np.min(ratios)) if ratios else float("nan"),
+            "below_floor": sum(ratio < FLOOR for ratio in ratios),
             "tokens_per_step": total_tokens / max(sum(r["steps"] for r in rs), 1),
             "drafting_share": float(np.median([r["drafting_share"] for r in rs])),
             "identical": (None if any(r["identical"] is None for r in rs)
@@ -298,15 +305,28 @@ def per_prompt_speedups(records: list[dict], base: dict) -> list[float]:
 
 
 SUMMARY_HEADER = ["dataset", "method", "prompts", "tok/s (median)", "speedup vs plain (median)",
-                  "min per-prompt speedup", "tokens/step", "drafting share", "identical"]
+                  "all tokens / all time", "min per-prompt speedup", f"prompts below {FLOOR}x", "tokens/step",
+                  "drafting share", "identical"]
 
 
 def summary_table(rows: list[dict]) -> dict:
-    """summarize()'s rows as the table the bench prints and its report keeps (report.table)."""
-    cells = [[r["dataset"], r["method"], r["prompts"], f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}x",
-              f"{r['speedup_min']:.2f}x", f"{r['tokens_per_step']:.2f}", f"{100 * r['drafting_share']:.1f}%",
-              _identical_cell(r)] for r in rows]
+    """summarize()'s rows as the table the bench prints and its report keeps (report.table); rows
+    summarized before a column existed show "–" there."""
+    def ratio(value):
+        return "–" if value is None else f"{value:.2f}x"
+
+    cells = [[r["dataset"], r["method"], r["prompts"], f"{r['tok_s']:.1f}", ratio(r["speedup"]),
+              ratio(r.get("speedup_all")), ratio(r["speedup_min"]),
+              "–" if r.get("below_floor") is None else f"{r['below_floor']}/{r['prompts']}",
+              f"{r['tokens_per_step']:.2f}", f"{100 * r['drafting_share']:.1f}%", _identical_cell(r)] for r in rows]
     return table("", SUMMARY_HEADER, cells)
+
+
+def with_control(methods: Sequence[Method]) -> list[Method]:
+    """`methods` and, last, the first of them (the reference) once more, named "<name>, again": its
+    ratios to the first run are the machine's own noise between two runs of the same thing, the
+    yardstick for the other methods' lowest ratios and prompts below the floor."""
+    return [*methods, replace(methods[0], name=f"{methods[0].name}, again")]
 
 
 def format_table(rows: list[dict]) -> str:

@@ -137,7 +137,7 @@ def _bench_command(args) -> int:
     import os
 
     from .backends import load_backend
-    from .bench import kernel_choices, run_benchmark, summarize, summary_table, write_outputs
+    from .bench import kernel_choices, run_benchmark, summarize, summary_table, with_control, write_outputs
     from .report import machine_line, make_report, table_text
     backend = load_backend(args.backend)
     model, tokenizer = backend.load_model(args.model, **_model_options(args, backend.load_model))
@@ -146,6 +146,8 @@ def _bench_command(args) -> int:
         prompts += backend.load_prompts(tokenizer, dataset, args.n + args.warmup)
     names = args.methods.split(",") if args.methods else list(getattr(backend, "METHODS", ()))
     methods = backend.make_methods(model, tokenizer, names) if names else backend.make_methods(model, tokenizer)
+    if args.control:
+        methods = with_control(methods)
     bar = _progress(len(prompts) * args.rounds, "bench")
     records = run_benchmark(methods, prompts, args.max_new_tokens, warmup=args.warmup, rounds=args.rounds,
                             progress=bar)
@@ -306,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "reports its median-speed round (steadier ratios on a noisy machine)")
     p.add_argument("--methods", default=None,
                    help="comma-separated method names (default: the backend's METHODS; the first is the reference)")
+    p.add_argument("--control", action="store_true",
+                   help="run the reference method a second time, last on each prompt: its ratios are the "
+                        "machine's own noise, the yardstick for the others' lowest ratios")
     p.add_argument("--out", default="bench_out/bench", help="prefix of the .json and .png written")
     p.set_defaults(func=_bench_command)
 
