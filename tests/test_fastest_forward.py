@@ -17,7 +17,7 @@ import draftcore  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf import attention_backends, verifier as verifier_module  # noqa: E402
 from draftcore.adapters.torch_hf.fastest_forward import (  # noqa: E402
-    RECHECK_EVERY, TRIALS, WINDOW, FastestForward, bucket_range, context_bucket)
+    RECHECK_EVERY, RECHECK_SHARE, TRIALS, WINDOW, FastestForward, bucket_range, context_bucket)
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 
@@ -118,6 +118,25 @@ def test_a_right_choice_costs_one_call_of_the_other_per_recheck():
         chooser(None, 100)
     assert sum(name == "generate" for name, _ in calls) == rechecks
     assert chooser.choices() == {"0-255": "split"} and chooser.switches == 0
+
+
+def test_a_much_slower_forward_is_rechecked_seldom_enough_to_cost_one_percent():
+    """cuDNN's attention on an H200 made a bf16 tree verify ~3x its twin's: re-checking that every
+    64 calls would cost ~3 %; the interval grows so that the slower calls stay within RECHECK_SHARE."""
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"tree": lambda n: 0.090, "tree without cuDNN": lambda n: 0.030})
+    chooser = FastestForward(forwards, clock)
+    for n_past in range(2 * TRIALS + RECHECK_EVERY + 1):   # the trials and the first re-check
+        chooser(None, n_past % 200)
+    calls.clear()
+    start = clock.now
+    for _ in range(20 * 200):
+        chooser(None, 100)
+    challenged = sum(name == "tree" for name, _ in calls)
+    assert 0 < challenged <= 20
+    extra = challenged * (0.090 - 0.030)
+    assert extra / (clock.now - start) <= RECHECK_SHARE * 1.05
+    assert chooser.choices() == {"0-255": "tree without cuDNN"}
 
 
 def test_rechecks_challenge_every_other_forward_in_turn_and_ties_keep_the_choice():

@@ -28,8 +28,10 @@ blindly: every `RECHECK_EVERY` calls of a bucket, two calls in a row are timed, 
 and one other's (in turn where there are several), each forward keeps its last `WINDOW` times, and
 the bucket keeps whichever then has the lower median. The two times of a re-check are taken at
 nearly the same context, so the medians compare like with like while the context grows inside a
-bucket. Where the kept forward is the faster, a re-check costs one slower call in `RECHECK_EVERY`
-(on a GPU, also two waits for the queue to drain).
+bucket. Where the kept forward is the faster, a re-check costs one slower call (on a GPU, also two
+waits for the queue to drain), so the calls between re-checks grow with how much slower the others
+measured: their extra time stays within `RECHECK_SHARE` of the bucket's (a twin 3x slower, as
+cuDNN's attention measured on an H200, is re-checked every 200 calls, not every 64).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ import numpy as np
 TRIALS = 3            # timed calls of each forward per context bucket before one is kept
 RECHECK_EVERY = 64    # calls of a bucket between two re-checks of its choice, once made
 WINDOW = 7            # a forward's last timed calls, per bucket, whose median decides
+RECHECK_SHARE = 0.01  # at most this share of a bucket's time goes to re-checks' slower calls
 SMALLEST_BUCKET = 8   # contexts under 2**8 tokens share one bucket
 
 
@@ -75,6 +78,7 @@ class FastestForward:
         self._seconds: dict[int, dict[str, deque]] = {}   # bucket -> forward -> its last WINDOW times
         self.chosen: dict[int, str] = {}                   # bucket -> the forward it keeps
         self._since: dict[int, int] = {}                   # bucket -> calls since its last re-check
+        self._every: dict[int, int] = {}                   # bucket -> calls between its re-checks
         self._challenges: dict[int, int] = {}              # bucket -> re-checks made (whose turn is next)
         self.switches = 0                                  # times a re-check changed a bucket's choice
         self._pinned: str | None = None                    # the forward every call runs, untimed
@@ -91,15 +95,26 @@ class FastestForward:
             return self._timed(min(times, key=lambda key: len(times[key])), inputs, n_past, bucket)
         since = self._since.get(bucket, 0) + 1
         self._since[bucket] = since
-        if since < RECHECK_EVERY:
+        every = self._every.get(bucket, RECHECK_EVERY)
+        if since < every:
             return self.forwards[kept](inputs, n_past)
-        if since == RECHECK_EVERY:          # a re-check: the kept forward's time, then a challenger's
+        if since == every:          # a re-check: the kept forward's time, then a challenger's
             return self._timed(kept, inputs, n_past, bucket)
         self._since[bucket] = 0
         others = [key for key in self.forwards if key != kept]
         challenger = others[self._challenges.get(bucket, 0) % len(others)]
         self._challenges[bucket] = self._challenges.get(bucket, 0) + 1
-        return self._timed(challenger, inputs, n_past, bucket)
+        result = self._timed(challenger, inputs, n_past, bucket)
+        self._every[bucket] = self._recheck_interval(bucket)
+        return result
+
+    def _recheck_interval(self, bucket: int) -> int:
+        """Calls between re-checks of `bucket`: RECHECK_EVERY, or more where the slowest other
+        forward's extra time per call would take more than RECHECK_SHARE of the bucket's."""
+        times = self._seconds[bucket]
+        kept = float(np.median(times[self.chosen[bucket]]))
+        slowest = max(float(np.median(seconds)) for seconds in times.values() if seconds)
+        return max(RECHECK_EVERY, int(np.ceil((slowest / kept - 1.0) / RECHECK_SHARE))) if kept > 0 else RECHECK_EVERY
 
     def _timed(self, name: str, inputs, n_past: int, bucket: int):
         """Run forward `name`, record its time in `bucket`, and decide the bucket again where every
@@ -137,6 +152,7 @@ class FastestForward:
         self._seconds.clear()
         self.chosen.clear()
         self._since.clear()
+        self._every.clear()
         self._challenges.clear()
         self.switches = 0
 
