@@ -81,8 +81,7 @@ def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str,
 
 
 HEADER = ["backend", "context", "method", "prompts", "tok/s (median)", "vs plain (median)", "all tokens / all time",
-          "lowest",
-          f"prompts below {FLOOR}x", "tokens/step", "identical"]
+          "lowest", f"prompts below {FLOOR}x", "tokens/step", "identical"]
 
 
 def main(argv=None) -> int:

@@ -114,7 +114,9 @@ class FastestForward:
         times = self._seconds[bucket]
         kept = float(np.median(times[self.chosen[bucket]]))
         slowest = max(float(np.median(seconds)) for seconds in times.values() if seconds)
-        return max(RECHECK_EVERY, int(np.ceil((slowest / kept - 1.0) / RECHECK_SHARE))) if kept > 0 else RECHECK_EVERY
+        if kept <= 0:
+            return RECHECK_EVERY
+        return max(RECHECK_EVERY, int(np.ceil((slowest / kept - 1.0) / RECHECK_SHARE)))
 
     def _timed(self, name: str, inputs, n_past: int, bucket: int):
         """Run forward `name`, record its time in `bucket`, and decide the bucket again where every
