@@ -43,6 +43,19 @@ def timed_forwards(clock, seconds):
     return {name: make(name) for name in seconds}, calls
 
 
+def split_kept(contexts=(0,)):
+    """A chooser of generate() (50 ms) and the split (40 ms) that has finished its trials at each of
+    `contexts` (so keeps the split there), with its calls log emptied."""
+    clock = FakeClock()
+    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
+    chooser = FastestForward(forwards, clock)
+    for start in contexts:
+        for n_past in range(start, start + 2 * TRIALS):
+            chooser(None, n_past)
+    calls.clear()
+    return chooser, calls
+
+
 def test_buckets_are_powers_of_two_with_short_contexts_together():
     assert [context_bucket(n) for n in (0, 1, 255, 256, 511, 512, 1000, 3000)] == [8, 8, 8, 9, 9, 10, 10, 12]
     assert bucket_range(8) == "0-255" and bucket_range(10) == "512-1023"
@@ -107,12 +120,7 @@ def test_a_choice_that_turned_slower_is_changed_by_the_rechecks():
 
 
 def test_a_right_choice_costs_one_call_of_the_other_per_recheck():
-    clock = FakeClock()
-    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
-    chooser = FastestForward(forwards, clock)
-    for n_past in range(2 * TRIALS):
-        chooser(None, n_past)
-    calls.clear()
+    chooser, calls = split_kept()
     rechecks = 10
     for _ in range(rechecks * (RECHECK_EVERY + 1)):
         chooser(None, 100)
@@ -158,12 +166,7 @@ def test_rechecks_challenge_every_other_forward_in_turn_and_ties_keep_the_choice
 
 def test_each_bucket_rechecks_on_its_own_calls():
     """Re-checks count a bucket's own calls: calls at another context neither advance nor trigger them."""
-    clock = FakeClock()
-    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
-    chooser = FastestForward(forwards, clock)
-    for n_past in list(range(2 * TRIALS)) + list(range(300, 300 + 2 * TRIALS)):
-        chooser(None, n_past)
-    calls.clear()
+    chooser, calls = split_kept(contexts=(0, 300))
     for _ in range(RECHECK_EVERY):
         chooser(None, 100)
         chooser(None, 400)
@@ -279,13 +282,8 @@ def test_without_cudnn_restricts_sdpa_inside_the_call_only():
 
 def test_first_only_runs_the_first_forward_untimed_and_keeps_the_choices():
     """A diagnosis pins the first forward for a block; the race's choices hold again after it."""
-    clock = FakeClock()
-    forwards, calls = timed_forwards(clock, {"generate": lambda n: 0.050, "split": lambda n: 0.040})
-    chooser = FastestForward(forwards, clock)
-    for n_past in range(2 * TRIALS):
-        chooser(None, n_past)
+    chooser, calls = split_kept()
     assert chooser.choices() == {"0-255": "split"}
-    calls.clear()
     with chooser.first_only():
         assert [chooser(None, n) for n in (10, 300, 5000)] == ["generate"] * 3
     assert chooser.choices() == {"0-255": "split"}   # nothing new was timed or chosen
