@@ -6,17 +6,21 @@ A budget of N candidates can verify a chain N deep, so each bound is taken at ma
 bounds need no node budget beyond that: they are what a drafter that always guessed its family's
 best continuation would reach. Tokens per step do not depend on the machine's speed.
 
-    python benchmarks/drafting_bounds.py [--budgets 16,32,64] [--traces PATH ...] [--out NAME]
+    python benchmarks/drafting_bounds.py [--budgets 16,32,64] [--traces PATH ...] [--costs hf-cpu,...] [--out NAME]
 
 --traces: recorded traces (`draftcore record`) instead of the repo's HumanEval / MT-Bench ones, e.g.
 the workloads: `draftcore record --backend hf --dataset agent --n 10 --out agent.jsonl.gz`.
+--costs: cost tables (draftcore.tools.cost_model) to price the bounds in speed too: per table, the
+decode speedup over one-token steps of the copy families' best drafter (copy_speedup_bound, drafts
+up to 64 deep) beside the library's default (the trie, auto budget) replayed on that table. A speed
+target above the bound on a machine's table cannot be met there by drafting from the context.
 """
 import argparse
 
 from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import CompositeDrafter, TrieDrafter
-from draftcore.tools.bounds import chain_bound, copy_bound, copy_or_frequent_bound
+from draftcore.tools.bounds import chain_bound, copy_bound, copy_or_frequent_bound, copy_speedup_bound
 from draftcore.tools.replay import replay
 from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
@@ -40,6 +44,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", default="16,32,64")
     parser.add_argument("--traces", nargs="+", default=[TRACES], help="trace files (default: the repo's)")
+    parser.add_argument("--costs", default="", help="cost tables to price the bounds on (comma-separated)")
     parser.add_argument("--out", default="drafting_bounds.json", help="file name under bench_out/")
     args = parser.parse_args()
     traces = [t for path in args.traces for t in read_traces(path)]
@@ -55,11 +60,36 @@ def main():
     datasets = list(results["trie"][budgets[0]])
     header = ["tokens per step"] + [f"{d} @{n}" for n in budgets for d in datasets]
     rows = [[label] + [f"{results[label][n][d]:.2f}" for n in budgets for d in datasets] for label in results]
-    shown = show_table("", header, rows)
+    shown = [show_table("", header, rows)]
     records = [{"what": label, "budget": n, "dataset": d, "tokens_per_step": v}
                for label, by_budget in results.items() for n, by_set in by_budget.items() for d, v in by_set.items()]
-    report = make_report("Drafting headroom: bounds of drafter families beside the trie and the composite", [shown])
+    costs = [c for c in args.costs.split(",") if c]
+    if costs:
+        speed_rows, speed_records = speed_bounds(traces, costs, datasets)
+        shown.append(show_table("decode speedup over one-token steps, by cost table",
+                                ["cost table", "what"] + datasets, speed_rows))
+        records += speed_records
+    report = make_report("Drafting headroom: bounds of drafter families beside the trie and the composite", shown)
     print("\nwrote", write_json(args.out, report, records=records))
+
+
+SPEED_BOUNDS = {
+    "bound: copy what followed the root": 0,
+    "bound: copy, or one of the 64 most frequent tokens": 64,
+}
+
+
+def speed_bounds(traces, costs, datasets):
+    """Per cost table: the copy families' speedup bounds and the library default's replayed speedup."""
+    rows, records = [], []
+    for cost in costs:
+        measured = {label: copy_speedup_bound(traces, cost, frequent=k) for label, k in SPEED_BOUNDS.items()}
+        measured["trie, auto budget (replayed)"] = {d: s.speedup for d, s in
+                                                   replay(traces, cost=cost, eos_token_id=TRACES_EOS).items()}
+        for label, by_set in measured.items():
+            rows.append([cost, label] + [f"{by_set[d]:.2f}x" for d in datasets])
+            records += [{"what": label, "cost": cost, "dataset": d, "speedup": v} for d, v in by_set.items()]
+    return rows, records
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from draftcore import ConfigError, InputError, TrieDrafter
-from draftcore.tools.bounds import chain_bound, copy_bound, copy_or_frequent_bound
+from draftcore.tools.bounds import (_fastest_decode, chain_bound, copy_bound, copy_or_frequent_bound,
+                                    copy_speedup_bound)
+from draftcore.tools.cost_model import CostModel
 from draftcore.tools.peers import PromptLookupDrafter
 from draftcore.tools.replay import replay
 from draftcore.tools.traces import Trace, read_traces
@@ -79,3 +81,67 @@ def test_no_retrieval_drafter_beats_the_copy_bound_on_recorded_traces(budget):
         measured = replay(traces, make, budget=budget, cost=None, eos_token_id=2)
         for dataset, summary in measured.items():
             assert 1.0 < summary.tokens_per_step <= bound[dataset] + 1e-9, (dataset, summary.tokens_per_step)
+
+
+def test_copy_speedup_bound_is_tokens_per_step_where_every_verify_costs_the_same():
+    """With a flat cost the fastest decode is the one with the fewest steps: copy_bound's."""
+    flat = CostModel({1: 10.0, 300: 10.0})
+    t = trace([1, 2, 3, 4], [9, 2, 3, 4, 7])
+    assert copy_speedup_bound([t], flat) == {"d": pytest.approx(5 / 3)}
+    traces = read_traces(REPO_TRACES)
+    for frequent, bound in ((0, copy_bound(traces)), (64, copy_or_frequent_bound(traces, k=64))):
+        speedup = copy_speedup_bound(traces, flat, frequent=frequent)
+        assert speedup == pytest.approx(bound), frequent
+
+
+def test_copy_speedup_bound_drafts_only_where_it_pays():
+    t = trace([1, 2, 3, 4], [9, 2, 3, 4, 7])   # one step can copy 2 tokens (module docstring's case)
+    # 3 nodes cost 5 one-token steps: copying 2 tokens there is slower than decoding them one by one
+    assert copy_speedup_bound([t], CostModel({1: 1.0, 2: 3.0, 3: 5.0})) == {"d": pytest.approx(1.0)}
+    # 3 nodes cost 2: the copy saves a step's worth (5 one-token steps against 1 + 1 + 2 + 1)
+    assert copy_speedup_bound([t], CostModel({1: 1.0, 3: 2.0})) == {"d": pytest.approx(5 / 4)}
+    # where 2 nodes cost less than 1 (a GEMM against a GEMV), a step carries a node it does not need
+    assert copy_speedup_bound([t], CostModel({1: 2.0, 2: 1.0, 3: 1.0})) == {"d": pytest.approx(10 / 3)}
+
+
+def _slowest_search(longest, seconds):
+    """Every way to cut the output into steps, tried (the dynamic program's twin)."""
+    def best(position):
+        if position == len(longest):
+            return 0.0
+        return min(min(seconds[d:]) + best(position + d + 1) for d in range(longest[position] + 1))
+    return best(0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fastest_decode_equals_trying_every_cut(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    longest = [int(rng.integers(0, n - p)) for p in range(n)]   # at most the tokens left after the root
+    seconds = rng.uniform(0.5, 3.0, size=n + 1)
+    fastest = np.minimum.accumulate(seconds[::-1])[::-1]
+    assert _fastest_decode(longest, fastest) == pytest.approx(_slowest_search(longest, seconds))
+
+
+@pytest.mark.parametrize("cost", ["hf-cpu", "llamacpp-cpu", "hf-cpu-avx2"])
+def test_no_retrieval_drafter_beats_the_copy_speedup_bound_on_recorded_traces(cost):
+    """The trie without its frequent-token stage, replayed with the auto budget on a cost table, is
+    never faster than the copy family's best on the same table. A bound priced wrongly (a step's
+    cost off by one node, the plain time on another size) fails here."""
+    traces = read_traces(REPO_TRACES)
+    bound = copy_speedup_bound(traces, cost, max_draft=256)
+    measured = replay(traces, lambda: TrieDrafter(token_limit=49152, use_top=False), cost=cost, eos_token_id=2)
+    for dataset, summary in measured.items():
+        assert 1.0 < summary.speedup <= bound[dataset] + 1e-9, (dataset, summary.speedup, bound[dataset])
+
+
+def test_copy_speedup_bound_refuses_bad_arguments_by_name():
+    t = trace([1], [2])
+    with pytest.raises(ConfigError, match="cost: expected one of"):
+        copy_speedup_bound([t], "no-such-table")
+    with pytest.raises(ConfigError, match="^frequent: expected an int >= 0, got -1"):
+        copy_speedup_bound([t], "hf-cpu", frequent=-1)
+    with pytest.raises(ConfigError, match="max_draft"):
+        copy_speedup_bound([t], "hf-cpu", max_draft=-1)
+    with pytest.raises(InputError, match="traces"):
+        copy_speedup_bound([], "hf-cpu")

@@ -21,13 +21,29 @@ reaches p from any start inside it too, and the seen text only grows.
 
 Each takes `max_draft` (the deepest draft a step may verify) and returns {dataset: tokens per step},
 comparable with `replay(...)[dataset].tokens_per_step` of the traces in the same order.
+
+Tokens per step are not speed: on a machine where a verify of many nodes costs several one-token
+steps, the longest draft is not the fastest. So
+
+    copy_speedup_bound(traces, cost, frequent=0)   the decode speedup over one-token steps of the
+                                    best drafter of copy_bound's family (copy_or_frequent_bound's with
+                                    `frequent`), verifies priced by `cost` (a CostModel's table)
+
+takes, at every step, the draft length that makes the whole output fastest (a dynamic program
+over the output's positions: what can be copied at a position depends only on the text before it,
+not on the steps that reached it), and returns {dataset: speedup}, comparable with
+`replay(..., cost=cost)[dataset].speedup`. A target above it cannot be met by drafting from the
+context on that machine, however good the drafter.
 """
 from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from ..errors import InputError
 from ..validate import positive_int
+from .cost_model import CostModel
 
 
 def copy_bound(traces, *, context: int = 1, max_draft: int = 64) -> dict[str, float]:
@@ -51,7 +67,44 @@ def chain_bound(traces, *, n: int = 2, max_draft: int = 64) -> dict[str, float]:
     return _run(traces, max_draft, lambda: _ChainOracle(n))
 
 
-def _run(traces, max_draft, make_oracle) -> dict[str, float]:
+def copy_speedup_bound(traces, cost, *, frequent: int = 0, max_draft: int = 64) -> dict[str, float]:
+    """Decode speedup over one-token steps (all tokens over all time, per dataset) of the best drafter
+    of copy_bound's family (with `frequent` > 0, copy_or_frequent_bound's with k = frequent), where
+    a verify of n nodes takes cost.seconds(n) (`cost`: a CostModel, a built-in table's name or a
+    table "nodes:ms,..."; module docstring)."""
+    cost = CostModel.named(cost)
+    frequent = positive_int("frequent", frequent, minimum=0)
+    traces, max_draft = _checked(traces, max_draft)
+    # A forward of n nodes may carry more nodes where more cost less (a CPU's GEMM against its GEMV).
+    seconds = np.array([cost.seconds(n) for n in range(1, max_draft + 2)])
+    fastest = np.minimum.accumulate(seconds[::-1])[::-1]   # fastest[d]: a root and d drafted tokens
+    oracle = _CopyOracle(1, frequent)
+    totals: dict[str, list[float]] = {}
+    for trace in traces:
+        prompt, output = [int(t) for t in trace.prompt_ids], [int(t) for t in trace.output_ids]
+        oracle.start(prompt)
+        longest = []   # longest[p]: the most tokens a step at output position p can draft and have accepted
+        for position in range(len(output)):
+            longest.append(oracle.draft(output, position, min(max_draft, len(output) - 1 - position)))
+            oracle.accept(output[position:position + 1])
+        oracle.finish()
+        total = totals.setdefault(trace.dataset, [0.0, 0.0])
+        total[0] += len(output) * seconds[0]
+        total[1] += _fastest_decode(longest, fastest)
+    return {dataset: plain / best for dataset, (plain, best) in totals.items()}
+
+
+def _fastest_decode(longest: list[int], fastest: np.ndarray) -> float:
+    """Seconds of the fastest decode of an output whose step at position p may draft up to
+    longest[p] tokens: time[p] = min over d of fastest[d] + time[p + d + 1]."""
+    time = np.zeros(len(longest) + 1)
+    for position in range(len(longest) - 1, -1, -1):
+        reach = longest[position] + 1
+        time[position] = np.min(fastest[:reach] + time[position + 1:position + 1 + reach])
+    return float(time[0])
+
+
+def _checked(traces, max_draft):
     traces = list(traces)
     if not traces:
         raise InputError("traces: expected at least one Trace, got none")
@@ -61,6 +114,11 @@ def _run(traces, max_draft, make_oracle) -> dict[str, float]:
             if len(ids) and not 0 <= int(min(ids)) <= int(max(ids)) < _TOKEN_LIMIT:
                 raise InputError(f"traces: {trace.dataset}/{trace.idx} {name} holds ids in [{int(min(ids))}, "
                                  f"{int(max(ids))}], expected ids in [0, {_TOKEN_LIMIT})")
+    return traces, max_draft
+
+
+def _run(traces, max_draft, make_oracle) -> dict[str, float]:
+    traces, max_draft = _checked(traces, max_draft)
     oracle = make_oracle()   # one for all traces: later traces see the earlier ones
     totals: dict[str, list[int]] = {}
     for trace in traces:

@@ -19,6 +19,7 @@ import sys
 
 from ..drafters import drafter_names
 from ..errors import ConfigError, DraftcoreError, InputError
+from .cost_model import COST_TABLES
 from . import variants  # noqa: F401  (registers the measured variants: --drafter and --methods take them)
 
 # (flag, TrieDrafter argument, argparse options): only the flags given reach TrieDrafter
@@ -292,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_budget, default=None, metavar="N|auto",
                    help="drafted candidates verified per step (default: auto, the library's CostAwareBudget)")
     p.add_argument("--cost", default="hf-cpu", metavar="NAME|TABLE",
-                   help="simulated verify cost: hf-cpu (default), hf-cpu-unpacked, llamacpp-cpu, llamacpp-cpu-old, gpu-flat, a table "
+                   help=f"simulated verify cost: {', '.join(COST_TABLES)} (hf-cpu by default), a table "
                         "'nodes:ms,nodes:ms,...', or none (real clock, no speedup)")
     p.add_argument("--json", type=_file_to_write, help="write the results here")
     _add_trie_options(p)
