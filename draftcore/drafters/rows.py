@@ -19,7 +19,8 @@ children is cut by a cost rule that needs no clock: keep the m tokens that maxim
 really accepted, c what one more drafted token adds to the row's share of a step (token_cost for a
 lone row, more as rows share a step: row_cost). The
 result depends on the rows and the calls alone, so tensor-parallel ranks running the same calls
-agree.
+agree; an engine that times its steps may move the two costs between calls (`set_costs`: the vLLM
+proposer, where one rank drafts).
 
     parameter     default   meaning
     max_rows      -         rows per call at most (the engine's max_num_seqs); also the number of
@@ -182,6 +183,13 @@ class RowDrafter:
         self.tokens_proposed += proposed
         self.rows_drafted += int(np.count_nonzero(lengths))
         return self._out_tokens[:n], lengths
+
+    def set_costs(self, token_cost: float, row_cost: float) -> None:
+        """The cost rule's token_cost and row_cost from the next call on (an engine that measures
+        its steps: the vLLM proposer's StepCosts)."""
+        self.token_cost = positive_float("token_cost", token_cost, inclusive=True)
+        self.row_cost = positive_float("row_cost", row_cost, inclusive=True)
+        self._settings = self._settings._replace(token_cost=self.token_cost, row_cost=self.row_cost)
 
     @property
     def requests_tracked(self) -> int:
