@@ -62,8 +62,10 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
             if stats_after and stats_after[0]:
                 steps = stats_after[0]["steps"] - (stats_before[0] or {}).get("steps", 0)
                 spent = stats_after[0]["propose_seconds"] - (stats_before[0] or {}).get("propose_seconds", 0.0)
-                proposer = {"steps": steps, "seconds": spent, "token_cost": stats_after[0].get("token_cost"),
-                            "row_cost": stats_after[0].get("row_cost"), "steps_timed": stats_after[0].get("steps_timed")}
+                proposer = {"steps": steps, "seconds": spent, "full_chain_cost": stats_after[0].get("full_chain_cost"),
+                            "costs_measured": stats_after[0].get("costs_measured"),
+                            "steps_timed": stats_after[0].get("steps_timed"),
+                            "step_seconds_by_tokens": stats_after[0].get("step_seconds_by_tokens")}
             out[dataset] = {"tokens": [r[0].tolist() for r in runs], "seconds": [r[1] for r in runs],
                             "total_seconds": seconds, "spec": {key: after[key] - before[key] for key in after},
                             "proposer": proposer}
@@ -73,7 +75,7 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
 
 
 HEADER = ["set", "method", "tok/s", "speedup (median)", "all tokens / all time", "mean acceptance length",
-          "accepted / drafted", "proposer ms/step (share)", "token / row cost at the end", "identical"]
+          "accepted / drafted", "proposer ms/step (share)", "a full chain's cost at the end", "identical"]
 
 
 def batch_table(results, batch, plain_key="none") -> dict:
@@ -100,8 +102,8 @@ def batch_table(results, batch, plain_key="none") -> dict:
             prop = r["proposer"]
             share = (f"{1000 * prop['seconds'] / max(prop['steps'], 1):.2f} ({100 * prop['seconds'] / r['total_seconds']:.1f} %)"
                      if prop else "–")
-            costs = (f"{prop['token_cost']:.4f} / {prop['row_cost']:.3f}"
-                     if prop and prop.get("token_cost") is not None else "–")
+            costs = (f"{prop['full_chain_cost']:.2f}x ({'measured' if prop['costs_measured'] else 'fixed'})"
+                     if prop and prop.get("full_chain_cost") is not None else "–")
             same = sum(a == b for a, b in zip(r["tokens"], ref["tokens"]))
             rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share, costs,
                          f"{same}/{len(ref['tokens'])}"])

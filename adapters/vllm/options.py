@@ -23,9 +23,10 @@ from the environment of the process that starts vLLM (its engine and worker proc
                                             before with a continuation ("inf": no such cap); see
                                             draftcore.drafters.rows
     DRAFTCORE_MEASURE_COSTS   1             1: where one process drafts for the engine (vLLM's world
-                                            size 1) and neither cost above is set, both are learnt
-                                            from the engine's own step times, starting from the
-                                            defaults (step_costs.py); 0: the costs stay fixed
+                                            size 1) and neither cost above is set, chains are cut by
+                                            what the engine's own steps measured to cost, by tokens
+                                            verified (step_costs.py), the two costs above serving
+                                            until it has measured two sizes; 0: the costs stay fixed
 
 A value that cannot be used raises ConfigError naming the variable, the value and what was expected,
 when vLLM builds the proposer (at startup, before any request).

@@ -34,7 +34,7 @@ from draftcore.drafters.trie import TrieDrafter
 from draftcore.errors import ConfigError
 
 from .options import options_from_environment
-from .step_costs import StepCosts, StepTimer
+from .step_costs import StepCostTable, StepTimer
 
 # The vLLM releases this proposer was run against (make test-vllm); the hook is marked experimental.
 TESTED_VLLM_VERSIONS = ("0.32.0",)
@@ -64,8 +64,8 @@ class DraftcoreProposer:
         # Costs learnt from step times only where no other rank drafts: timings differ between ranks.
         self.timer = None
         if options.measure_costs and settings["world_size"] == 1:
-            self.timer = StepTimer(StepCosts(options.token_cost, options.row_cost, max_draft=self.k),
-                                   time.perf_counter)
+            self.timer = StepTimer(StepCostTable(settings["max_num_seqs"] * (self.k + 1)), time.perf_counter)
+        self.last_curve = None   # the measured cost curve the last call drafted with (None: the fixed model)
         self.steps = 0
         self.seconds = 0.0   # spent in propose (for reports: the proposer's share of a step)
 
@@ -79,10 +79,14 @@ class DraftcoreProposer:
             return []
         active = np.fromiter((len(ids) > 0 for ids in sampled_token_ids), np.bool_, n)
         n_tokens = num_tokens_no_spec[:n]
+        measured = None
         if self.timer is not None:
             self.timer.call_starts(n_tokens, active)
-            self.rows.set_costs(*self.timer.costs.ratios())
-        tokens, lengths = self.rows.propose(token_ids_cpu, n_tokens, active)   # BusyError if concurrent
+            measured = self.timer.costs.curve(int(np.count_nonzero(active & (n_tokens > 0))), self.k)
+        self.last_curve = measured
+        curve, curve_cost = measured if measured is not None else (None, 0.0)
+        tokens, lengths = self.rows.propose(token_ids_cpu, n_tokens, active, curve=curve,
+                                            curve_cost=curve_cost)   # BusyError if concurrent
         drafts = [row[:m] for row, m in zip(tokens.tolist(), lengths.tolist())]
         if self.timer is not None:
             self.timer.call_ends(n_tokens, active, int(lengths.sum()))
@@ -94,10 +98,14 @@ class DraftcoreProposer:
         """What the proposer did so far (vLLM reports acceptance itself: its spec_decode metrics)."""
         stats = {"steps": self.steps, "propose_seconds": self.seconds, "rows_drafted": self.rows.rows_drafted,
                  "tokens_proposed": self.rows.tokens_proposed, "requests_tracked": self.rows.requests_tracked,
-                 "trie_nodes": self.rows.drafter.n_nodes, "token_cost": self.rows.token_cost,
-                 "row_cost": self.rows.row_cost, "costs_measured": self.timer is not None}
+                 "trie_nodes": self.rows.drafter.n_nodes, "costs_measured": self.timer is not None,
+                 # a full chain's cost against a step without drafts, as the last call weighed it
+                 "full_chain_cost": (float(self.last_curve[0][-1]) if self.last_curve is not None
+                                     else 1.0 + self.rows.token_cost * self.k)}
         if self.timer is not None:
             stats["steps_timed"] = self.timer.costs.steps_learnt
+            seconds = self.timer.costs.seconds
+            stats["step_seconds_by_tokens"] = {int(t): float(seconds[t]) for t in np.flatnonzero(~np.isnan(seconds))}
         return stats
 
     def save_trie(self, path) -> None:

@@ -1,102 +1,87 @@
 """What a vLLM step costs on this machine, learnt from the time between the proposer's calls.
 
-RowDrafter cuts each row's chain by a cost model with no clock in it: a step of n rows verifying d
-drafted tokens costs a + b * n + c * d, seen as two ratios, token_cost = c / (a + b) (one more
-drafted token against a one-row step) and row_cost = b / a. Constants measured on one machine are
-wrong on another (a GPU verifies 8 drafted tokens for about the price of one; a 2-core CPU does
-not), so where one process drafts for the whole engine, `StepCosts` learns the three terms from
-what the engine's steps take:
+RowDrafter cuts each row's chain where (1 + expected accepted tokens) / (the step's cost) is
+highest. Without a clock that cost is a model, 1 + c * m for m drafted tokens (token_cost and
+row_cost, rows.py), whose constants were measured on one machine: a GPU verifies 8 drafted tokens
+for about the price of one, a 2-core CPU does not, and on that CPU the cost is not even monotonic
+(a few drafted tokens make the step cheaper, its matrix products running as GEMMs rather than
+GEMVs; docs/scale-out.md has the figures). So where one process drafts for the engine,
+`StepCostTable` measures it:
 
     vLLM calls propose() once per engine step, after the step's forward and sampling. The time
     from the end of one call to the start of the next is one step, and that step verified the
     chains the earlier call returned: its rows and drafted tokens are known.
 
-A step is learnt from only when it ran the earlier call's rows and nothing else: the same number of
-rows, whose tokens grew by at least one and at most one more than the chains drafted for them
-(a new request's prefill or a finished one's replacement changes both). A step over three times
-the fitted cost is left out (a pause of the host, a compilation).
-
-The fit is least squares over the steps seen, each weighing `keep` times the one after it, plus a
-prior that holds the default ratios at the scale of the steps seen: `prior_steps` steps' worth
-at (1 row, 0 drafted), (1 row, max_draft drafted) and (8 rows, 0 drafted). With one row only (batch
-1), the data say nothing of row_cost, and it stays at the prior's; token_cost moves as soon as
-drafted tokens vary. Ratios are clamped to [0, 1] (token_cost) and [0, 4] (row_cost); while the fit
-is not positive where it must be, the defaults hold.
+A step is learnt from only when it ran the earlier call's rows and nothing else: the same rows,
+every one of them decoding, whose tokens grew by at least one each and at most one more than the
+chains drafted for them (a new request's prefill or a finished one's replacement changes that).
+Its seconds go to the moving average of steps that verified as many tokens (rows + drafted), one
+slow step counting as at most twice the average (draftcore.budget.costs.smoothed, the bare call's
+rule). The curve RowDrafter gets for n rows is what a step costs where every row drafts m tokens,
+over the step without drafts: est(n (1 + m)) / est(n), where est interpolates between the token
+counts measured, holds the smallest one's cost below it, and grows past the largest at half the
+slope measured up to it (optimistic, so larger chains get tried); chains may reach twice the
+largest step measured (the bare call's doubling rule). Until two token counts were measured, the
+fixed model holds.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from draftcore.budget.costs import OUTLIER, smoothed
 from draftcore.validate import positive_float, positive_int
 
-_OUTLIER = 3.0          # a step this many times its fitted cost is not learnt from ...
-_SETTLED = 16           # ... once this many steps were
-_MAX_TOKEN_COST = 1.0   # a drafted token dearer than a whole step would be a measurement fault
-_MAX_ROW_COST = 4.0
+_MEASURED = 2   # token counts measured before the curve replaces the fixed model
 
 
-class StepCosts:
-    """token_cost and row_cost of RowDrafter's cost rule, learnt from timed engine steps."""
+class StepCostTable:
+    """Seconds of an engine step by the tokens it verified, from timed steps; the cost curve of
+    RowDrafter.propose for a batch of n rows."""
 
-    def __init__(self, token_cost: float, row_cost: float, *, max_draft: int, keep: float = 0.999,
-                 prior_steps: float = 2.0):
-        self.default_token_cost = positive_float("token_cost", token_cost, inclusive=True)
-        self.default_row_cost = positive_float("row_cost", row_cost, inclusive=True)
-        self.max_draft = positive_int("max_draft", max_draft)
-        self.keep = positive_float("keep", keep)
-        self.prior_steps = positive_float("prior_steps", prior_steps)   # > 0: the fit is never singular
-        self._gram = np.zeros((3, 3))     # decayed sum of w x x^T, x = (1, rows, drafted)
-        self._moment = np.zeros(3)        # decayed sum of w x t
-        self._unit = np.zeros(2)          # decayed sums of t / (the prior's cost at scale 1) and of w
+    def __init__(self, largest: int, smoothing: float = 0.1):
+        self.largest = positive_int("largest", largest)
+        self.smoothing = positive_float("smoothing", smoothing)
+        self.seconds = np.full(self.largest + 1, np.nan)   # by tokens verified (rows + drafted)
         self.steps_learnt = 0
-        self.steps_refused = 0
-        prior_x = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, self.max_draft], [1.0, 8.0, 0.0]])
-        self._prior_x = prior_x
-        self._prior_unit_cost = prior_x @ self._unit_coefficients()
 
-    def _unit_coefficients(self) -> np.ndarray:
-        """(a, b, c) of the default ratios with a = 1."""
-        r, t = self.default_row_cost, self.default_token_cost
-        return np.array([1.0, r, t * (1.0 + r)])
-
-    def observe(self, seconds: float, rows: int, drafted: int) -> bool:
-        """One engine step of `rows` rows verifying `drafted` drafted tokens took `seconds`.
-        Returns whether it was learnt from (False: an outlier)."""
-        x = np.array([1.0, float(rows), float(drafted)])
-        if self.steps_learnt >= _SETTLED and seconds > _OUTLIER * float(self._coefficients() @ x):
-            self.steps_refused += 1
-            return False
-        self._gram *= self.keep
-        self._moment *= self.keep
-        self._unit *= self.keep
-        self._gram += np.outer(x, x)
-        self._moment += x * seconds
-        self._unit += (seconds / float(x @ self._unit_coefficients()), 1.0)
+    def observe(self, seconds: float, rows: int, drafted: int) -> None:
+        """A step of `rows` rows verifying `drafted` drafted tokens took `seconds`."""
+        tokens = rows + drafted
+        if tokens > self.largest:
+            return
+        self.seconds[tokens] = smoothed(self.seconds[tokens], seconds, self.smoothing, OUTLIER)
         self.steps_learnt += 1
-        return True
 
-    def _coefficients(self) -> np.ndarray:
-        """(a, b, c) seconds fitted to the steps and the prior at their scale."""
-        scale = self._unit[0] / self._unit[1] if self._unit[1] > 0 else 1.0
-        prior_t = scale * self._prior_unit_cost
-        gram = self._gram + self.prior_steps * self._prior_x.T @ self._prior_x
-        moment = self._moment + self.prior_steps * self._prior_x.T @ prior_t
-        return np.linalg.solve(gram, moment)
+    def estimate(self, tokens: np.ndarray) -> np.ndarray:
+        """Seconds of steps verifying `tokens` tokens (the module docstring's rule); needs two measured."""
+        measured = np.flatnonzero(~np.isnan(self.seconds))
+        known = self.seconds[measured]
+        slope = max((known[-1] - known[0]) / (measured[-1] - measured[0]), 0.0)
+        inside = np.interp(tokens, measured, known)
+        return np.where(tokens > measured[-1], known[-1] + 0.5 * slope * (tokens - measured[-1]), inside)
 
-    def ratios(self) -> tuple[float, float]:
-        """(token_cost, row_cost) now: the defaults until a step was learnt from."""
-        if self.steps_learnt == 0:
-            return self.default_token_cost, self.default_row_cost
-        a, b, c = self._coefficients()
-        if not (a > 0 and a + b > 0 and np.isfinite(c)):
-            return self.default_token_cost, self.default_row_cost
-        return float(np.clip(c / (a + b), 0.0, _MAX_TOKEN_COST)), float(np.clip(b / a, 0.0, _MAX_ROW_COST))
+    def curve(self, n_rows: int, max_draft: int):
+        """(curve float64[max_draft + 1], curve_cost) for a step of n_rows rows, or None while the
+        fixed model holds. curve_cost, the drafted token's cost the match-length rule weighs, is
+        the average one of the longest chain the curve allows."""
+        measured = np.flatnonzero(~np.isnan(self.seconds))
+        if measured.shape[0] < _MEASURED or n_rows <= 0:
+            return None
+        m = np.arange(max_draft + 1)
+        tokens = n_rows * (1 + m)
+        costs = self.estimate(tokens.astype(float))
+        curve = costs / costs[0]
+        curve[tokens > 2 * measured[-1]] = np.inf
+        curve[0] = 1.0
+        longest = int(np.flatnonzero(np.isfinite(curve))[-1])
+        curve_cost = max((curve[longest] - 1.0) / longest, 0.0) if longest > 0 else 0.0
+        return curve, curve_cost
 
 
 class StepTimer:
-    """Turns the proposer's calls into timed steps for a StepCosts (the module docstring's rule)."""
+    """Turns the proposer's calls into timed steps for a StepCostTable (the module docstring's rule)."""
 
-    def __init__(self, costs: StepCosts, clock):
+    def __init__(self, costs: StepCostTable, clock):
         self.costs = costs
         self.clock = clock   # seconds, monotonic (time.perf_counter)
         self._last = None   # (end of the last call, its rows, their tokens then, tokens drafted), or None
