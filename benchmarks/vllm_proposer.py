@@ -14,8 +14,7 @@ first and last, so a drift of the machine during the run shows as two different 
 Methods: none (plain), ngram (vLLM's n-gram proposer, prompt_lookup 2..5, k tokens), suffix (vLLM's
 suffix decoding; needs arctic-inference, skipped when missing: benchmarks/build_arctic_suffix.sh
 builds the part it uses), draftcore (DraftcoreProposer, k
-tokens at most, its costs learnt from step times), draftcore-fixed (the same with its default costs
-fixed: DRAFTCORE_MEASURE_COSTS=0). Reported per method: tok/s, speedup, vLLM's mean acceptance length (1 + accepted /
+tokens at most). Reported per method: tok/s, speedup, vLLM's mean acceptance length (1 + accepted /
 drafts), accepted / drafted tokens, outputs identical to plain, and draftcore's proposer time per
 step and its share of the run's time.
 """
@@ -62,10 +61,7 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
             if stats_after and stats_after[0]:
                 steps = stats_after[0]["steps"] - (stats_before[0] or {}).get("steps", 0)
                 spent = stats_after[0]["propose_seconds"] - (stats_before[0] or {}).get("propose_seconds", 0.0)
-                proposer = {"steps": steps, "seconds": spent, "full_chain_cost": stats_after[0].get("full_chain_cost"),
-                            "costs_measured": stats_after[0].get("costs_measured"),
-                            "steps_timed": stats_after[0].get("steps_timed"),
-                            "step_seconds_by_tokens": stats_after[0].get("step_seconds_by_tokens")}
+                proposer = {"steps": steps, "seconds": spent}
             out[dataset] = {"tokens": [r[0].tolist() for r in runs], "seconds": [r[1] for r in runs],
                             "total_seconds": seconds, "spec": {key: after[key] - before[key] for key in after},
                             "proposer": proposer}
@@ -75,7 +71,7 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
 
 
 HEADER = ["set", "method", "tok/s", "speedup (median)", "all tokens / all time", "mean acceptance length",
-          "accepted / drafted", "proposer ms/step (share)", "a full chain's cost at the end", "identical"]
+          "accepted / drafted", "proposer ms/step (share)", "identical"]
 
 
 def batch_table(results, batch, plain_key="none") -> dict:
@@ -102,10 +98,8 @@ def batch_table(results, batch, plain_key="none") -> dict:
             prop = r["proposer"]
             share = (f"{1000 * prop['seconds'] / max(prop['steps'], 1):.2f} ({100 * prop['seconds'] / r['total_seconds']:.1f} %)"
                      if prop else "–")
-            costs = (f"{prop['full_chain_cost']:.2f}x ({'measured' if prop['costs_measured'] else 'fixed'})"
-                     if prop and prop.get("full_chain_cost") is not None else "–")
             same = sum(a == b for a, b in zip(r["tokens"], ref["tokens"]))
-            rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share, costs,
+            rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share,
                          f"{same}/{len(ref['tokens'])}"])
     return table(f"batch {batch}", HEADER, rows)
 

@@ -490,9 +490,8 @@ class NaiveRowDrafter:
         self.states = {}                # request id -> dict(index, request, n, chain, cells)
         self.row_ids = {}               # by_row: row -> the id whose state that row held
 
-    def propose(self, rows, n_tokens, active, ids, curve=None, curve_cost=0.0):
-        """ids[r]: the request in row r (None: empty); curve, curve_cost: RowDrafter.propose's.
-        Returns (chains: list of lists)."""
+    def propose(self, rows, n_tokens, active, ids):
+        """ids[r]: the request in row r (None: empty). Returns (chains: list of lists)."""
         n = len(n_tokens)
         if self.by_row:   # the planted bug: a row keeps its state, whoever holds it now
             ids = [self.row_ids.get(r, ids[r]) if ids[r] is not None else None for r in range(n)]
@@ -530,8 +529,6 @@ class NaiveRowDrafter:
             drafting.append((r, st, row))
         n = len(drafting)   # rows verified in this step share it: a drafted token costs more of a row's share
         cost = self.token_cost if n <= 1 else self.token_cost * (1.0 + self.row_cost) / (1.0 / n + self.row_cost)
-        if curve is not None:   # a step's measured cost by tokens drafted per row
-            cost = curve_cost
         for r, st, row in drafting:
             limit = min(self.max_draft, self.max_len - 1 - len(row))
             if limit > 0:
@@ -539,7 +536,7 @@ class NaiveRowDrafter:
                 if self.match_cost < math.inf and cost > 0.0:
                     factor = max(1.0, self.match_cost / cost)
                     limit = min(limit, math.ceil(factor * self._continued_match(row)))
-                chains[r] = self._cut(st, tree, limit, cost, curve)
+                chains[r] = self._cut(st, tree, limit, cost)
         return chains
 
     def _continued_match(self, row) -> int:
@@ -563,7 +560,7 @@ class NaiveRowDrafter:
             self.cells[cell] = (o + 1.0, a + (1.0 if j < accepted else 0.0))
         st["chain"], st["cells"] = [], []
 
-    def _cut(self, st, tree, limit, token_cost, curve=None):
+    def _cut(self, st, tree, limit, token_cost):
         chain, cells, last = [], [], 0
         for i in range(1, tree.n_candidates):
             if len(chain) >= limit:
@@ -579,7 +576,7 @@ class NaiveRowDrafter:
         for m, cell in enumerate(cells, start=1):
             o, a = self.cells[cell]
             expected += min(a / o + self.explore / math.sqrt(o), 1.0)   # optimism where evidence is thin
-            value = expected / (curve[m] if curve is not None else 1.0 + token_cost * m)
+            value = expected / (1.0 + token_cost * m)
             if value > best_value:
                 best_m, best_value = m, value
         st["chain"], st["cells"] = chain[:best_m], cells[:best_m]

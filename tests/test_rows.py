@@ -27,14 +27,14 @@ def make_pair(max_rows, max_len, capacity=1 << 12, by_row=False, **options):
     return fast, slow
 
 
-def first_difference(engine, fast, slow, curve=None, curve_cost=0.0):
+def first_difference(engine, fast, slow):
     """Run the engine to the end, both drafters proposing; the first step where they differ (or None).
     The engine follows the row drafter's chains."""
     while not engine.done:
         rows, n_tokens, active, ids = engine.batch()
-        tokens, lengths = fast.propose(rows, n_tokens, active, curve=curve, curve_cost=curve_cost)
+        tokens, lengths = fast.propose(rows, n_tokens, active)
         got = [tokens[r, :lengths[r]].tolist() for r in range(len(ids))]
-        want = slow.propose(rows, n_tokens, active, ids, curve=curve, curve_cost=curve_cost)
+        want = slow.propose(rows, n_tokens, active, ids)
         if got != want:
             return engine.steps, got, want
         engine.step(got)
@@ -300,48 +300,3 @@ def test_a_second_thread_drafting_on_the_same_row_drafter_is_refused(monkeypatch
     release.set()
     first.join()
     assert got["first"][1][0] > 0 and drafter.steps == 1
-
-
-# a step's cost where every row drafts m tokens, as a CPU measures it: cheaper with a few, dearer
-# with more, and not measured beyond 4 (inf: RowDrafter.propose's "not to be drafted")
-MEASURED_CURVE = np.array([1.0, 0.95, 0.9, 0.92, 1.1, np.inf, np.inf])
-
-
-@pytest.mark.parametrize("curve_cost", [0.0, 0.03])
-def test_a_measured_cost_curve_cuts_the_chains_as_the_twin_does(curve_cost):
-    engine = Engine(repeating_requests(14, 6, VOCAB), max_rows=3, max_len=160, seed=6)
-    fast, slow = make_pair(3, 160)
-    assert first_difference(engine, fast, slow, MEASURED_CURVE, curve_cost) is None
-    assert engine.accepted > 0
-
-
-def test_chains_stay_within_what_the_curve_allows_and_a_cheap_curve_drafts_more():
-    drafted = {}
-    for label, curve in (("measured", MEASURED_CURVE), ("fixed", None)):
-        engine = Engine(repeating_requests(10, 8, VOCAB), max_rows=2, max_len=160, seed=8)
-        fast = RowDrafter(max_rows=2, max_len=160, token_limit=VOCAB, **{**OPTIONS, "token_cost": 0.3})
-        total = 0
-        while not engine.done:
-            rows, n_tokens, active, _ = engine.batch()
-            tokens, lengths = fast.propose(rows, n_tokens, active, curve=curve)
-            assert curve is None or lengths.max(initial=0) <= 4
-            total += int(lengths.sum())
-            engine.step([tokens[r, :lengths[r]].tolist() for r in range(len(n_tokens))])
-        drafted[label] = total
-    assert drafted["measured"] > drafted["fixed"] > 0   # 1 + 0.3 m is dearer than the curve's 0.9-1.1
-
-
-@pytest.mark.parametrize("curve, message", [
-    (np.ones(3), r"curve: expected float64\[7\]"),
-    (np.array([0.9, 1, 1, 1, 1, 1, 1.0]), "curve\\[0\\] = 1"),
-    (np.array([1.0, 1, 1, np.nan, 1, 1, 1]), "every cost > 0 or inf"),
-    (np.array([1.0, 1, 1, 0, 1, 1, 1]), "every cost > 0 or inf"),
-    (np.ones(7, np.float32), "float64"),
-])
-def test_a_bad_curve_is_refused_by_name(curve, message):
-    fast = RowDrafter(max_rows=2, max_len=64, token_limit=VOCAB, **OPTIONS)
-    rows = np.zeros((2, 64), np.int32)
-    with pytest.raises(InputError, match=message):
-        fast.propose(rows, np.array([3, 0]), curve=curve)
-    with pytest.raises(ConfigError, match="curve_cost"):
-        fast.propose(rows, np.array([3, 0]), curve=np.ones(7), curve_cost=-1.0)

@@ -22,11 +22,6 @@ from the environment of the process that starts vLLM (its engine and worker proc
                                             drafted token's cost) times the longest context suffix seen
                                             before with a continuation ("inf": no such cap); see
                                             draftcore.drafters.rows
-    DRAFTCORE_MEASURE_COSTS   1             1: where one process drafts for the engine (vLLM's world
-                                            size 1) and neither cost above is set, chains are cut by
-                                            what the engine's own steps measured to cost, by tokens
-                                            verified (step_costs.py), the two costs above serving
-                                            until it has measured two sizes; 0: the costs stay fixed
 
 A value that cannot be used raises ConfigError naming the variable, the value and what was expected,
 when vLLM builds the proposer (at startup, before any request).
@@ -51,7 +46,7 @@ ROW_COST_BY_DEVICE = {"cuda": 0.02, "cpu": 0.16}
 _SUPPORTED_DRAFTERS = ("trie",)
 PREFIX = "DRAFTCORE_"
 KNOWN = ("DRAFTCORE_DRAFTER", "DRAFTCORE_TRIE_FILE", "DRAFTCORE_TRIE_CAPACITY", "DRAFTCORE_TOKEN_COST",
-         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES", "DRAFTCORE_MATCH_COST", "DRAFTCORE_MEASURE_COSTS")
+         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES", "DRAFTCORE_MATCH_COST")
 # Variables of draftcore's that are not the proposer's (the tools' cache folder): not refused.
 _OTHERS = ("DRAFTCORE_CACHE",)
 
@@ -65,7 +60,6 @@ class ProposerOptions:
     row_cost: float = ROW_COST_BY_DEVICE["cpu"]
     tree_nodes: int | None = None
     match_cost: float = 0.07
-    measure_costs: bool = True     # learn token_cost and row_cost from step times (where allowed)
 
 
 def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptions:
@@ -88,11 +82,6 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
                           "capacity; unset one of them")
     trie_capacity = _int(environ, "DRAFTCORE_TRIE_CAPACITY", 1 << 18, minimum=64)
     fits_in_memory(pool_bytes(trie_capacity), "the trie's node pool", DRAFTCORE_TRIE_CAPACITY=trie_capacity)
-    measure = environ.get("DRAFTCORE_MEASURE_COSTS", "1")
-    if measure not in ("0", "1"):
-        raise ConfigError(f"DRAFTCORE_MEASURE_COSTS: {measure!r}; expected 1 (learn the costs from step times) or 0")
-    # costs the user set are kept as set
-    measure_costs = measure == "1" and "DRAFTCORE_TOKEN_COST" not in environ and "DRAFTCORE_ROW_COST" not in environ
     tree_nodes = _int(environ, "DRAFTCORE_TREE_NODES", None, minimum=1)
     if tree_nodes is not None:   # the trie's draft per row, a propose budget: bounded as one
         within_tree_limit("DRAFTCORE_TREE_NODES", tree_nodes, tree_nodes)
@@ -102,8 +91,7 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
         row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, ProposerOptions.row_cost)),
         tree_nodes=tree_nodes,
         match_cost=_number(environ, "DRAFTCORE_MATCH_COST", ProposerOptions.match_cost, float, lambda v: v >= 0.0,
-                           "a number >= 0, or inf"),
-        measure_costs=measure_costs)
+                           "a number >= 0, or inf"))
 
 
 def _int(environ, name: str, default, minimum: int):

@@ -16,10 +16,7 @@ rejection-samples them itself, so sampling stays exact on vLLM's side.
 No request ids come with the rows, and vLLM reuses, swaps and condenses rows between steps: the
 RowDrafter underneath finds each row's request by its tokens (draftcore.drafters.rows), so no
 state leaks from one request to the next, and drafts are a function of the rows alone (tensor-parallel
-ranks, which each run the proposer, agree). Where one process drafts for the engine (world size 1),
-the chains' cost rule learns what a step costs from the time between calls (step_costs.py), so the
-same defaults fit a CPU and a GPU; several ranks keep the fixed costs, so that their drafts agree.
-Options come from environment variables (options.py).
+ranks, which each run the proposer, agree). Options come from environment variables (options.py).
 """
 from __future__ import annotations
 
@@ -34,7 +31,6 @@ from draftcore.drafters.trie import TrieDrafter
 from draftcore.errors import ConfigError
 
 from .options import options_from_environment
-from .step_costs import StepCostTable, StepTimer
 
 # The vLLM releases this proposer was run against (make test-vllm); the hook is marked experimental.
 TESTED_VLLM_VERSIONS = ("0.32.0",)
@@ -61,11 +57,6 @@ class DraftcoreProposer:
                                token_limit=settings["vocab_size"], token_cost=options.token_cost,
                                row_cost=options.row_cost, tree_nodes=options.tree_nodes,
                                match_cost=options.match_cost, drafter=drafter)
-        # Costs learnt from step times only where no other rank drafts: timings differ between ranks.
-        self.timer = None
-        if options.measure_costs and settings["world_size"] == 1:
-            self.timer = StepTimer(StepCostTable(settings["max_num_seqs"] * (self.k + 1)), time.perf_counter)
-        self.last_curve = None   # the measured cost curve the last call drafted with (None: the fixed model)
         self.steps = 0
         self.seconds = 0.0   # spent in propose (for reports: the proposer's share of a step)
 
@@ -78,35 +69,17 @@ class DraftcoreProposer:
         if n == 0:
             return []
         active = np.fromiter((len(ids) > 0 for ids in sampled_token_ids), np.bool_, n)
-        n_tokens = num_tokens_no_spec[:n]
-        measured = None
-        if self.timer is not None:
-            self.timer.call_starts(n_tokens, active)
-            measured = self.timer.costs.curve(int(np.count_nonzero(active & (n_tokens > 0))), self.k)
-        self.last_curve = measured
-        curve, curve_cost = measured if measured is not None else (None, 0.0)
-        tokens, lengths = self.rows.propose(token_ids_cpu, n_tokens, active, curve=curve,
-                                            curve_cost=curve_cost)   # BusyError if concurrent
+        tokens, lengths = self.rows.propose(token_ids_cpu, num_tokens_no_spec[:n], active)   # BusyError if concurrent
         drafts = [row[:m] for row, m in zip(tokens.tolist(), lengths.tolist())]
-        if self.timer is not None:
-            self.timer.call_ends(n_tokens, active, int(lengths.sum()))
         self.steps += 1
         self.seconds += time.perf_counter() - start
         return drafts
 
     def stats(self) -> dict:
         """What the proposer did so far (vLLM reports acceptance itself: its spec_decode metrics)."""
-        stats = {"steps": self.steps, "propose_seconds": self.seconds, "rows_drafted": self.rows.rows_drafted,
-                 "tokens_proposed": self.rows.tokens_proposed, "requests_tracked": self.rows.requests_tracked,
-                 "trie_nodes": self.rows.drafter.n_nodes, "costs_measured": self.timer is not None,
-                 # a full chain's cost against a step without drafts, as the last call weighed it
-                 "full_chain_cost": (float(self.last_curve[0][-1]) if self.last_curve is not None
-                                     else 1.0 + self.rows.token_cost * self.k)}
-        if self.timer is not None:
-            stats["steps_timed"] = self.timer.costs.steps_learnt
-            seconds = self.timer.costs.seconds
-            stats["step_seconds_by_tokens"] = {int(t): float(seconds[t]) for t in np.flatnonzero(~np.isnan(seconds))}
-        return stats
+        return {"steps": self.steps, "propose_seconds": self.seconds, "rows_drafted": self.rows.rows_drafted,
+                "tokens_proposed": self.rows.tokens_proposed, "requests_tracked": self.rows.requests_tracked,
+                "trie_nodes": self.rows.drafter.n_nodes}
 
     def save_trie(self, path) -> None:
         """Save what the trie learnt (TrieDrafter.save: atomic), to start a later server from it."""
@@ -137,13 +110,10 @@ def read_vllm_config(vllm_config) -> dict:
                       RuntimeWarning, stacklevel=3)
     get_vocab_size = need("model_config.get_vocab_size")
     device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
-    # ranks that each run the proposer; unknown counts as several (the fixed costs, which agree)
-    world_size = getattr(getattr(vllm_config, "parallel_config", None), "world_size", None)
     return {"num_speculative_tokens": int(need("speculative_config.num_speculative_tokens")),
             "max_model_len": int(need("model_config.max_model_len")),
             "max_num_seqs": int(need("scheduler_config.max_num_seqs")),
-            "vocab_size": int(get_vocab_size()), "device": str(device),
-            "world_size": int(world_size) if isinstance(world_size, int) else 2}
+            "vocab_size": int(get_vocab_size()), "device": str(device)}
 
 
 def installed_vllm_version() -> str | None:

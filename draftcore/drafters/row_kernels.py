@@ -37,10 +37,7 @@ early is offered again instead of never again; a step that verifies m drafted to
 row's share of it shrinks and c grows (`_token_cost`: a step costs a + b * rows + d * drafted,
 token_cost = d / (a + b), row_cost = b / a): drafting tuned for one row lost to plain decoding
 with 8 rows where the same drafts gained at batch 1 (docs/drafters.md). m = 0 (no draft) wins
-where a draft is unlikely to pay. An engine that times its steps may pass a measured cost curve
-instead: curve[m], what a step costs where every row drafts m tokens, relative to the step without
-drafts, in place of 1 + c * m (on a CPU it is not even monotonic: a few drafted tokens turn the
-matrix products into faster GEMMs), with the c the match-length rule weighs beside it.
+where a draft is unlikely to pay.
 
 Match-length rule (vLLM's suffix method's, made cost-aware): before the cut, a row's chain is
 limited to max(1, match_cost / c) times the longest suffix of its context (up to the trie's
@@ -224,13 +221,10 @@ def _continued_match(state, settings, cursor, context):
 
 
 @nb.njit(cache=True)
-def _draft_chain(table, calib, rs, token_cost, curve, buffers, n_tree, s, limit, out_tokens, out_len, r):
+def _draft_chain(table, calib, rs, token_cost, buffers, n_tree, s, limit, out_tokens, out_len, r):
     """The tree's chain of first children (candidates come best first, so a node's first child is its
-    best), cut by the cost rule; written to out_tokens[r] and remembered for its outcome. The cost
-    of m drafted tokens is curve[m] where a curve is given (curve[0] = 1: the step's cost without
-    drafts; inf: not to be drafted), else 1 + token_cost * m."""
+    best), cut by the cost rule; written to out_tokens[r] and remembered for its outcome."""
     parents, tokens, scores = buffers.parents, buffers.tokens, buffers.scores
-    measured = curve.shape[0] > 0
     m, last = 0, 0
     best_m, best_value, expected = 0, 1.0, 1.0
     for i in range(1, n_tree):
@@ -245,7 +239,7 @@ def _draft_chain(table, calib, rs, token_cost, curve, buffers, n_tree, s, limit,
         m += 1
         last = i
         expected += min(calib.probability[b, k] + rs.explore / np.sqrt(calib.offered[b, k]), 1.0)
-        value = expected / (curve[m] if measured else 1.0 + token_cost * m)
+        value = expected / (1.0 + token_cost * m)
         if value > best_value:
             best_m, best_value = m, value
     out_tokens[r, :best_m] = table.chain[s, :best_m]
@@ -254,16 +248,12 @@ def _draft_chain(table, calib, rs, token_cost, curve, buffers, n_tree, s, limit,
 
 
 @nb.njit(cache=True)
-def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active, limits, curve, curve_cost,
-              out_tokens, out_len):
+def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active, limits, out_tokens, out_len):
     """One engine step over rows 0 .. n-1 (n = n_tokens.shape[0]); see the module docstring.
     rows int32[>= n, >= max n_tokens]; n_tokens int64[n]; active bool[n] (rows to draft for);
-    limits int64[n] (most tokens to draft for each row); curve float64[max_draft + 1] or [0]: the
-    step's cost by tokens drafted per row, relative to its cost without drafts (an engine that
-    measured its steps), with curve_cost the drafted token's cost the match-length rule weighs;
-    empty: the cost model of RowSettings; out_tokens int32[>= n, max_draft] and out_len int32[>= n]
-    receive the chains. Returns the number of active rows that got no state (more requests than
-    states: they get no draft)."""
+    limits int64[n] (most tokens to draft for each row); out_tokens int32[>= n, max_draft] and
+    out_len int32[>= n] receive the chains. Returns the number of active rows that got no state
+    (more requests than states: they get no draft)."""
     n_rows = n_tokens.shape[0]
     n_states = table.in_use.shape[0]
     claimed = np.zeros(n_states, np.bool_)
@@ -317,7 +307,7 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
     for r in range(n_rows):
         if state_of[r] >= 0 and active[r] and n_tokens[r] > 0:
             n_verified += 1
-    token_cost = curve_cost if curve.shape[0] > 0 else _token_cost(rs, n_verified)
+    token_cost = _token_cost(rs, n_verified)
     # the match-length rule's factor (inf: no cap, where a drafted token is free or the rule is off)
     match_factor = max(1.0, rs.match_cost / token_cost) if token_cost > 0.0 else np.inf
     for r in range(n_rows):                           # 5. draft (every row cut with the same calibration)
@@ -332,7 +322,7 @@ def step_rows(state, settings, table, calib, rs, buffers, rows, n_tokens, active
         if match_factor < np.inf:
             limit = min(limit, int(np.ceil(match_factor * _continued_match(state, settings, table.cursors[s],
                                                                            table.tokens[s, :n_row]))))
-        _draft_chain(table, calib, rs, token_cost, curve, buffers, n_tree, s, limit, out_tokens, out_len, r)
+        _draft_chain(table, calib, rs, token_cost, buffers, n_tree, s, limit, out_tokens, out_len, r)
     table.row_state[:] = -1
     for r in range(min(n_rows, table.row_state.shape[0])):
         table.row_state[r] = state_of[r]
@@ -361,7 +351,7 @@ def warm_up() -> None:
     buffers = new_buffers(8)
     rows = np.array([[1, 2, 3, 1, 2, 3, 1, 2] + [0] * 24, [4, 5, 4, 5, 4, 5, 4, 5] + [0] * 24], np.int32)
     out_tokens, out_len = np.zeros((2, 4), np.int32), np.zeros(2, np.int32)
-    for n, curve in ((6, np.zeros(0)), (8, np.array([1.0, 0.9, 1.0, np.inf, np.inf]))):
+    for n in (6, 8):
         step_rows(state, settings, table, calib, rs, buffers, rows, np.array([n, n], np.int64),
-                  np.ones(2, np.bool_), np.full(2, 4, np.int64), curve, 0.02, out_tokens, out_len)
+                  np.ones(2, np.bool_), np.full(2, 4, np.int64), out_tokens, out_len)
     end_all(state, settings, table)

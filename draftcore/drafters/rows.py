@@ -19,8 +19,7 @@ children is cut by a cost rule that needs no clock: keep the m tokens that maxim
 really accepted, c what one more drafted token adds to the row's share of a step (token_cost for a
 lone row, more as rows share a step: row_cost). The
 result depends on the rows and the calls alone, so tensor-parallel ranks running the same calls
-agree. An engine that times its steps may pass what they cost instead (`propose(..., curve=...)`:
-the vLLM proposer, where one rank drafts).
+agree.
 
     parameter     default   meaning
     max_rows      -         rows per call at most (the engine's max_num_seqs); also the number of
@@ -68,7 +67,6 @@ from ..validate import cost_or_inf, fits_in_memory, positive_float, positive_int
 from .trie import TrieDrafter
 
 _KERNELS = "draftcore.drafters.row_kernels"
-_NO_CURVE = np.zeros(0)   # the kernels' sign for "the cost model of RowSettings"
 _RETRIEVAL = "draftcore.drafters.trie_retrieval_kernels"
 
 
@@ -150,8 +148,7 @@ class RowDrafter:
         fits_in_memory(8 * max(self.max_rows - 4, 0) * capacity, "the rows' trie slots", max_rows=self.max_rows,
                        capacity=capacity)
 
-    def propose(self, rows, n_tokens, active=None, limits=None, curve=None,
-                curve_cost: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    def propose(self, rows, n_tokens, active=None, limits=None) -> tuple[np.ndarray, np.ndarray]:
         """Chains for rows 0 .. n-1, n = len(n_tokens).
 
         rows      int32[>= n, >= max(n_tokens)]: rows[r, :n_tokens[r]] is row r's request so far
@@ -159,15 +156,9 @@ class RowDrafter:
         active    bool[n] or None (all): the rows to draft for; an inactive row keeps its request's
                   state while it still holds it
         limits    int[n] or None: most tokens to draft per row (default max_draft, and never past max_len)
-        curve     float64[max_draft + 1] or None: what this step costs where every row drafts m tokens,
-                  relative to curve[0] = 1 (no drafts; inf: m not to be drafted), measured by the
-                  engine; None: the cost model of token_cost and row_cost
-        curve_cost  with a curve, the drafted token's cost (relative to a row's share of a step)
-                  that the match-length rule weighs
         Returns (tokens int32[n, max_draft], lengths int32[n]): row r's chain is tokens[r, :lengths[r]]
         (views of buffers the next call overwrites)."""
         rows, n_tokens, active, limits = self._checked(rows, n_tokens, active, limits)
-        curve, curve_cost = self._checked_curve(curve, curve_cost)
         n = n_tokens.shape[0]
         pool = self._pool
         # One batch at a time: a second caller would end the first one's requests (rows it does not
@@ -181,7 +172,7 @@ class RowDrafter:
                 pool.end_abandoned()
                 refused = self._K.step_rows(pool.state, self._trie_settings, self._table, self._calibration,
                                             self._settings, self._buffers, rows, n_tokens, active, limits,
-                                            curve, curve_cost, self._out_tokens, self._out_len)
+                                            self._out_tokens, self._out_len)
         finally:
             self._busy.release()
         lengths = self._out_len[:n]
@@ -219,16 +210,6 @@ class RowDrafter:
     def __repr__(self) -> str:
         return (f"RowDrafter(max_rows={self.max_rows}, max_draft={self.max_draft}, token_cost={self.token_cost}, "
                 f"requests_tracked={self.requests_tracked}, steps={self.steps}, tokens_proposed={self.tokens_proposed})")
-
-    def _checked_curve(self, curve, curve_cost):
-        if curve is None:
-            return _NO_CURVE, 0.0
-        curve = np.asarray(curve)
-        if curve.shape != (self.max_draft + 1,) or curve.dtype != np.float64 or curve[0] != 1.0 \
-                or not np.all(curve > 0.0) or np.isnan(curve).any():
-            raise InputError(f"curve: expected float64[{self.max_draft + 1}] (max_draft + 1) with curve[0] = 1 and "
-                             f"every cost > 0 or inf, got {describe(curve)}")
-        return curve, positive_float("curve_cost", curve_cost, inclusive=True)
 
     def _checked(self, rows, n_tokens, active, limits):
         if self._slots.size == 0:

@@ -53,8 +53,6 @@ def test_tiny_llama_greedy_equals_no_speculation_with_rows_reused(tiny_llama_dir
     assert_same_greedy(plain, spec, "tiny llama")
     assert metrics["drafts"] > 0 and metrics["accepted_tokens"] > 0, metrics
     assert any(s.get("steps", 0) > 0 for s in stats), stats
-    # one rank drafts: the costs are learnt from the engine's own steps (adapters/vllm/step_costs.py)
-    assert any(s.get("costs_measured") and s.get("steps_timed", 0) > 0 for s in stats), stats
 
 
 def test_tiny_llama_greedy_equals_no_speculation_up_to_max_model_len(tiny_llama_dir):

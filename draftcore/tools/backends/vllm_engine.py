@@ -5,8 +5,7 @@
     spec_metrics(llm), proposer_stats(llm)
 
 Methods: "none" (no speculation), "ngram" (vLLM's own n-gram proposer), "suffix" (vLLM's suffix
-decoding, when arctic-inference is installed), "draftcore" (DraftcoreProposer via custom_class),
-"draftcore-fixed" (the same with its default costs kept fixed rather than learnt from step times).
+decoding, when arctic-inference is installed), "draftcore" (DraftcoreProposer via custom_class).
 Prompts are token ids (vLLM's tokenizer is not needed: skip_tokenizer_init), so every method sees
 exactly the same ids. Imports vLLM: use it only where vLLM is installed.
 """
@@ -16,10 +15,8 @@ import os
 
 import numpy as np
 
-METHODS = ("none", "ngram", "suffix", "draftcore", "draftcore-fixed")
+METHODS = ("none", "ngram", "suffix", "draftcore")
 PROPOSER = "draftcore.adapters.vllm.DraftcoreProposer"
-# what a method sets in the environment of the engine's processes (the proposer's options)
-ENVIRONMENT = {"draftcore-fixed": {"DRAFTCORE_MEASURE_COSTS": "0"}}
 
 
 def speculative_config(method: str, k: int, ngram: tuple[int, int] = (2, 5)) -> dict | None:
@@ -31,7 +28,7 @@ def speculative_config(method: str, k: int, ngram: tuple[int, int] = (2, 5)) -> 
                 "prompt_lookup_max": ngram[1]}
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if method in ("draftcore", "draftcore-fixed"):
+    if method == "draftcore":
         return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
     raise ValueError(f"method: {method!r}; expected one of {METHODS}")
 
@@ -43,19 +40,9 @@ def build_llm(model_dir, method: str, *, k: int = 8, max_num_seqs: int = 1, max_
     # Callables sent to workers (proposer_stats) need vLLM's pickle-based serialization.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM
-    settings = ENVIRONMENT.get(method, {})
-    before = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)   # the engine's processes, started now, inherit it
-    try:
-        return LLM(model=str(model_dir), dtype="float32", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                   gpu_memory_utilization=memory_share, speculative_config=speculative_config(method, k, ngram),
-                   enforce_eager=True, skip_tokenizer_init=True, seed=seed, disable_log_stats=False)
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return LLM(model=str(model_dir), dtype="float32", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+               gpu_memory_utilization=memory_share, speculative_config=speculative_config(method, k, ngram),
+               enforce_eager=True, skip_tokenizer_init=True, seed=seed, disable_log_stats=False)
 
 
 def generate(llm, prompts, *, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
