@@ -99,7 +99,7 @@ def machine(settings: dict | None = None) -> dict:
     """The machine a run measured: CPU model, cores, OS, Python, package versions (the runtime's,
     and each framework's the run imported), the threads torch uses and its GPU when the run used
     them, and `settings` (the backend's own choices) when given."""
-    found = {"cpu": cpu_model(), "logical_cores": os.cpu_count()}
+    found = {"cpu": cpu_model(), "vector_isa": vector_isa(), "logical_cores": os.cpu_count()}
     if hasattr(os, "sched_getaffinity"):
         found["usable_cores"] = len(os.sched_getaffinity(0))
     found["os"] = platform.platform()
@@ -130,6 +130,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+# Widest vector instructions first: what decides whether a tree of 16 tokens costs a CPU about one
+# token's step (AVX-512 here) or twice it (AVX2): docs/results.md, the HF verify cost by machine.
+_VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE"), ("asimd", "NEON"))
+
+
+def vector_isa() -> str | None:
+    """The CPU's widest vector instruction set from /proc/cpuinfo's flags (Linux), None if unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags = set(value.split())
+                    return next((name for flag, name in _VECTOR_ISAS if flag in flags), None)
+    except OSError:
+        pass
+    return None
+
+
 def _version(module: str) -> str:
     loaded = sys.modules.get(module)
     version = getattr(loaded, "__version__", None)
@@ -146,7 +165,10 @@ def machine_line(found: dict) -> str:
     cores = f"{found.get('logical_cores')} logical cores"
     if found.get("usable_cores") not in (None, found.get("logical_cores")):
         cores += f" ({found['usable_cores']} usable)"
-    parts = [str(found.get("cpu", "unknown CPU")), cores]
+    cpu = str(found.get("cpu", "unknown CPU"))
+    if found.get("vector_isa"):
+        cpu += f" ({found['vector_isa']})"
+    parts = [cpu, cores]
     if found.get("gpu"):
         parts.append(str(found["gpu"]))
     parts += [str(found.get("os", "")), f"Python {found.get('python', '?')}"]
