@@ -15,6 +15,9 @@ Built-in tables, milliseconds per forward by nodes in it (the root included):
                   decoding ran 10-40 % slower and a tree cost more against a one-token step: verify +
                   commit of a chain after a 100-token prefill, the Linear plan its construction chose
                   (benchmarks/hf_kernel_race.py, 2026-11-28); 16 nodes cost 2.2 one-node steps
+    hf-cpu-avx512  HFVerifier on a third 2-core AMD EPYC, with AVX-512: its verify by tree size after
+                  a 200-token prefill (benchmarks/hf_verify_cost.py --reps 15, 2026-12-01); 16 nodes
+                  cost 1.35 one-node steps
     llamacpp-cpu  LlamaCppVerifier, SmolLM2-135M Q4_1, llama.cpp 0.3.36, the same CPU: a whole step
                   (benchmarks/llamacpp_decode_ms.py's verify plus ~0.6 ms of loop, as the auto
                   budget measured it); a 2-token forward costs twice a 1-token one
@@ -38,6 +41,7 @@ COST_TABLES: dict[str, dict[int, float]] = {
     "hf-cpu": {1: 20.8, 2: 23.4, 4: 25.0, 8: 29.3, 16: 34.9, 32: 49.2, 64: 77.6},
     "hf-cpu-unpacked": {1: 46.0, 2: 43.9, 3: 57.4, 4: 55.1, 6: 72.5, 8: 77.7, 16: 99.0, 32: 132.7},
     "hf-cpu-avx2": {1: 79.7, 2: 103.0, 4: 106.7, 8: 136.1, 16: 172.8},
+    "hf-cpu-avx512": {1: 49.8, 2: 49.8, 4: 64.0, 8: 52.0, 16: 67.1, 32: 93.2, 64: 153.3},
     "llamacpp-cpu": {1: 5.4, 2: 11.2, 3: 15.7, 4: 16.6, 8: 25.8, 16: 43.0, 32: 79.0},
     "llamacpp-cpu-old": {1: 7.2, 2: 12.2, 4: 16.2, 8: 25.3, 11: 31.9, 16: 45, 32: 85, 64: 165},
     "hf-cuda-h200": {1: 19.98, 2: 18.76, 4: 29.58, 8: 31.79, 16: 19.60, 32: 20.31, 64: 19.83},
