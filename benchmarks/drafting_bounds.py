@@ -13,7 +13,7 @@ the workloads: `draftcore record --backend hf --dataset agent --n 10 --out agent
 --costs: cost tables (draftcore.tools.cost_model) to price the bounds in speed too: per table, the
 decode speedup over one-token steps of the copy families' best drafter (copy_speedup_bound, drafts
 up to 64 deep) beside the library's default (the trie, auto budget) replayed on that table. A speed
-target above the bound on a machine's table cannot be met there by drafting from the context.
+target above the bound on a machine's table cannot be met there by copying from the context.
 """
 import argparse
 

@@ -32,8 +32,8 @@ steps, the longest draft is not the fastest. So
 takes, at every step, the draft length that makes the whole output fastest (a dynamic program
 over the output's positions: what can be copied at a position depends only on the text before it,
 not on the steps that reached it), and returns {dataset: speedup}, comparable with
-`replay(..., cost=cost)[dataset].speedup`. A target above it cannot be met by drafting from the
-context on that machine, however good the drafter.
+`replay(..., cost=cost)[dataset].speedup`. A target above it cannot be met on that machine by any
+drafter that copies from the context (a trie, prompt lookup, suffix decoding), however good.
 """
 from __future__ import annotations
 
