@@ -36,21 +36,19 @@ def test_a_report_records_the_command_the_machine_and_the_tables_as_printed():
     assert machine()["versions"].keys() >= {"numpy", "numba"}
 
 
-def test_the_machine_names_its_widest_vector_instructions(tmp_path, monkeypatch):
+def test_the_machine_names_its_widest_vector_instructions(tmp_path):
     """A verify's cost shape follows them (AVX-512 against AVX2), so every table's machine line says."""
-    import builtins
-    from draftcore.tools import report as module
-    real_open = builtins.open
+    from draftcore.tools.report import cpu_model, cpuinfo_fields, vector_isa
     for flags, want in (("fpu avx avx2 avx512f avx512bw", "AVX-512"), ("fpu sse4_2 avx avx2 fma", "AVX2"),
                         ("fp asimd evtstrm", "NEON"), ("fpu sse2", None)):
         cpuinfo = tmp_path / "cpuinfo"
-        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n")
-        monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo"
-                                                                              else path, *a, **k))
-        assert module.vector_isa() == want
+        key = "Features" if "asimd" in flags else "flags"
+        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\n{key}\t\t: {flags}\nprocessor\t: 1\n")
+        fields = cpuinfo_fields(str(cpuinfo))
+        assert vector_isa(fields) == want and cpu_model(fields) == "Some CPU"
         line = machine_line({"cpu": "Some CPU", "vector_isa": want, "logical_cores": 2})
         assert line.startswith(f"Some CPU ({want}), 2 logical cores" if want else "Some CPU, 2 logical cores")
-        monkeypatch.setattr(builtins, "open", real_open)
+    assert cpuinfo_fields(str(tmp_path / "missing")) == {}
 
 
 def test_the_command_line_is_what_one_types_again():

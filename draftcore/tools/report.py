@@ -99,7 +99,8 @@ def machine(settings: dict | None = None) -> dict:
     """The machine a run measured: CPU model, cores, OS, Python, package versions (the runtime's,
     and each framework's the run imported), the threads torch uses and its GPU when the run used
     them, and `settings` (the backend's own choices) when given."""
-    found = {"cpu": cpu_model(), "vector_isa": vector_isa(), "logical_cores": os.cpu_count()}
+    cpuinfo = cpuinfo_fields()   # read once for both
+    found = {"cpu": cpu_model(cpuinfo), "vector_isa": vector_isa(cpuinfo), "logical_cores": os.cpu_count()}
     if hasattr(os, "sched_getaffinity"):
         found["usable_cores"] = len(os.sched_getaffinity(0))
     found["os"] = platform.platform()
@@ -117,16 +118,25 @@ def machine(settings: dict | None = None) -> dict:
     return found
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows."""
+def cpuinfo_fields(path: str = "/proc/cpuinfo") -> dict:
+    """The first value of each field of /proc/cpuinfo (Linux); {} where there is none."""
+    fields = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                    return value.strip()
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_model(fields: dict | None = None) -> str:
+    """The CPU's model name from /proc/cpuinfo's fields (`cpuinfo_fields`), else what `platform` knows."""
+    fields = cpuinfo_fields() if fields is None else fields
+    for key in ("model name", "Model", "Hardware"):
+        if fields.get(key):
+            return fields[key]
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -135,18 +145,11 @@ def cpu_model() -> str:
 _VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE"), ("asimd", "NEON"))
 
 
-def vector_isa() -> str | None:
-    """The CPU's widest vector instruction set from /proc/cpuinfo's flags (Linux), None if unknown."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    flags = set(value.split())
-                    return next((name for flag, name in _VECTOR_ISAS if flag in flags), None)
-    except OSError:
-        pass
-    return None
+def vector_isa(fields: dict | None = None) -> str | None:
+    """The CPU's widest vector instruction set from /proc/cpuinfo's flags (`cpuinfo_fields`), None if unknown."""
+    fields = cpuinfo_fields() if fields is None else fields
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return next((name for flag, name in _VECTOR_ISAS if flag in flags), None)
 
 
 def _version(module: str) -> str:
