@@ -14,15 +14,17 @@ first and last, so a drift of the machine during the run shows as two different 
 Methods: none (plain), ngram (vLLM's n-gram proposer, prompt_lookup 2..5, k tokens), suffix (vLLM's
 suffix decoding; needs arctic-inference, skipped when missing: benchmarks/build_arctic_suffix.sh
 builds the part it uses), draftcore (DraftcoreProposer, k
-tokens at most). Reported per method: tok/s, speedup, vLLM's mean acceptance length (1 + accepted /
-drafts), accepted / drafted tokens, outputs identical to plain, and draftcore's proposer time per
-step and its share of the run's time.
+tokens at most), draftcore-nofloor (the same with DRAFTCORE_PAUSE=off: what its floor is worth).
+Reported per method: tok/s, speedup, vLLM's mean acceptance length (1 + accepted / drafts), accepted
+/ drafted tokens, outputs identical to plain, draftcore's proposer time per step and its share of the
+run's time, and the share of its steps its floor paused.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +41,12 @@ def load(n: int, datasets):
 
 def run_method(model, method, prompts, batch, k, max_new, eos):
     from draftcore.tools.backends.vllm_engine import build_llm, generate, proposer_stats, shutdown, spec_metrics
-    llm = build_llm(model, method, k=k, max_num_seqs=batch, max_model_len=2048, memory_share=0.3)
+    if method == "draftcore-nofloor":   # vLLM's engine process reads the proposer's options from its environment
+        os.environ["DRAFTCORE_PAUSE"] = "off"
+    try:
+        llm = build_llm(model, method.split("-")[0], k=k, max_num_seqs=batch, max_model_len=2048, memory_share=0.3)
+    finally:
+        os.environ.pop("DRAFTCORE_PAUSE", None)
     try:
         out = {}
         for dataset, ids in prompts.items():
@@ -61,7 +68,9 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
             if stats_after and stats_after[0]:
                 steps = stats_after[0]["steps"] - (stats_before[0] or {}).get("steps", 0)
                 spent = stats_after[0]["propose_seconds"] - (stats_before[0] or {}).get("propose_seconds", 0.0)
-                proposer = {"steps": steps, "seconds": spent}
+                floor, floor_before = stats_after[0].get("floor"), (stats_before[0] or {}).get("floor") or {}
+                paused = floor["paused_steps"] - floor_before.get("paused_steps", 0) if floor else None
+                proposer = {"steps": steps, "seconds": spent, "paused_steps": paused}
             out[dataset] = {"tokens": [r[0].tolist() for r in runs], "seconds": [r[1] for r in runs],
                             "total_seconds": seconds, "spec": {key: after[key] - before[key] for key in after},
                             "proposer": proposer}
@@ -71,7 +80,7 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
 
 
 HEADER = ["set", "method", "tok/s", "speedup (median)", "all tokens / all time", "mean acceptance length",
-          "accepted / drafted", "proposer ms/step (share)", "identical"]
+          "accepted / drafted", "proposer ms/step (share)", "steps paused", "identical"]
 
 
 def batch_table(results, batch, plain_key="none") -> dict:
@@ -98,8 +107,10 @@ def batch_table(results, batch, plain_key="none") -> dict:
             prop = r["proposer"]
             share = (f"{1000 * prop['seconds'] / max(prop['steps'], 1):.2f} ({100 * prop['seconds'] / r['total_seconds']:.1f} %)"
                      if prop else "–")
+            paused = (f"{prop['paused_steps']} / {prop['steps']}" if prop and prop.get("paused_steps") is not None
+                      else "–")
             same = sum(a == b for a, b in zip(r["tokens"], ref["tokens"]))
-            rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share,
+            rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share, paused,
                          f"{same}/{len(ref['tokens'])}"])
     return table(f"batch {batch}", HEADER, rows)
 
@@ -126,7 +137,7 @@ def main(argv=None):
     for batch in (int(b) for b in args.batch.split(",")):
         results = {}
         for method in methods + ["none"]:   # plain first and last: the machine's drift shows
-            key = method if method not in results else "none (again)"
+            key = method if method not in results else f"{method} (again)"   # a method run twice, to see drift
             results[key] = run_method(model, method, prompts, batch, args.k, args.max_new_tokens, eos)
             print(f"batch {batch}: {key} done", file=sys.stderr, flush=True)
         tables.append(batch_table(results, batch))

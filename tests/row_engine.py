@@ -113,3 +113,17 @@ class Engine:
 
     def _draw_active(self):
         return self.rng.random(len(self.ids)) >= self.inactive
+
+
+def vllm_arguments(engine: Engine, seen: dict, max_seqs: int):
+    """propose()'s arguments as vLLM passes them: (sampled_token_ids, num_tokens_no_spec int32[max_seqs],
+    token_ids_cpu). sampled_token_ids[r] holds row r's tokens since the last call (what the step
+    accepted and sampled; a new request's row: its first token; a row that did not advance: none).
+    `seen` (request id -> tokens at the last call) is updated."""
+    rows, n_tokens, _, ids = engine.batch()
+    sampled = [rows[r, seen.get(q, n_tokens[r] - 1):n_tokens[r]].tolist() for r, q in enumerate(ids)]
+    seen.clear()
+    seen.update(zip(ids, n_tokens.tolist()))
+    counts = np.zeros(max_seqs, np.int32)
+    counts[:len(n_tokens)] = n_tokens
+    return sampled, counts, rows

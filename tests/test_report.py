@@ -54,6 +54,10 @@ def test_the_machine_names_its_widest_vector_instructions(tmp_path):
 def test_the_command_line_is_what_one_types_again():
     assert command_line(["draftcore", "bench", "--n", "2"]) == "draftcore bench --n 2"
     assert command_line(["/somewhere/bin/draftcore", "results"]) == "draftcore results"
+    # draftcore's options in the environment are part of the command (the cache folder is not)
+    assert command_line(["draftcore", "bench"], {"DRAFTCORE_PAUSE": "off", "DRAFTCORE_CACHE": "/c", "HOME": "/h",
+                                                 "DRAFTCORE_LLAMACPP_KV": "q8_0"}) == \
+        "DRAFTCORE_LLAMACPP_KV=q8_0 DRAFTCORE_PAUSE=off draftcore bench"
     script = command_line(["benchmarks/trie_memory.py", "--tokens", "10 000"])
     assert script.endswith(" benchmarks/trie_memory.py --tokens '10 000'")
 

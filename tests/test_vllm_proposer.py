@@ -13,17 +13,17 @@ import pytest
 from draftcore import ConfigError, TrieDrafter
 from draftcore.adapters.vllm import DraftcoreProposer, options_from_environment
 from draftcore.drafters.rows import RowDrafter
-from row_engine import Engine, repeating_requests
+from row_engine import Engine, repeating_requests, vllm_arguments
 
 VOCAB, K, MAX_LEN, MAX_SEQS = 40, 4, 128, 3
 
 
-def stand_in_config(k=K, max_len=MAX_LEN, max_seqs=MAX_SEQS, vocab=VOCAB, device="cpu", drop=None):
+def stand_in_config(k=K, max_len=MAX_LEN, max_seqs=MAX_SEQS, vocab=VOCAB, device="cpu", drop=None, ranks=1):
     config = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k, method="custom_class"),
         model_config=SimpleNamespace(max_model_len=max_len, get_vocab_size=lambda: vocab),
         scheduler_config=SimpleNamespace(max_num_seqs=max_seqs),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        parallel_config=SimpleNamespace(tensor_parallel_size=ranks),
         device_config=SimpleNamespace(device_type=device))
     if drop:
         section, name = drop.split(".")
@@ -46,7 +46,8 @@ def vllm_call(proposer, engine):
     return proposer.propose(sampled, num_tokens_no_spec, rows, slot_mappings=None)
 
 
-def test_drafts_as_vllm_wants_them_and_equal_the_row_drafter_s():
+def test_drafts_as_vllm_wants_them_and_equal_the_row_drafter_s(monkeypatch):
+    monkeypatch.setenv("DRAFTCORE_PAUSE", "off")   # the chains alone (the floor: test_vllm_floor.py)
     engine = Engine(repeating_requests(12, 5, VOCAB), max_rows=MAX_SEQS, max_len=MAX_LEN, seed=5)
     proposer = DraftcoreProposer(stand_in_config())
     proposer.load_model(object())   # vLLM's CPU runner calls it with the target model: a no-op
@@ -134,14 +135,21 @@ def test_requests_that_run_to_a_long_max_model_len(monkeypatch, capacity):
 
 
 def test_the_same_calls_give_the_same_drafts_on_every_rank():
+    """Tensor-parallel ranks each draft (and with async scheduling verify their own drafts): with more
+    than one rank the proposer times nothing, so ranks whose steps take different times (here: on
+    one, a drafted token costs 3 steps; on the other, nothing) still draft alike."""
     runs = []
-    for _ in range(2):
-        engine = Engine(repeating_requests(8, 9, VOCAB), max_rows=MAX_SEQS, max_len=MAX_LEN, seed=9)
-        proposer = DraftcoreProposer(stand_in_config())
-        out = []
+    for token_cost in (3.0, 0.0):
+        engine = Engine(repeating_requests(40, 9, VOCAB, output=(40, 90)), max_rows=MAX_SEQS, max_len=MAX_LEN, seed=9,
+                        inactive=0.0)
+        clock = SimpleNamespace(now=0.0)
+        proposer = DraftcoreProposer(stand_in_config(ranks=2), clock=lambda: clock.now)
+        assert proposer.floor is None
+        out, seen = [], {}
         while not engine.done:
-            drafts = vllm_call(proposer, engine)
+            drafts = proposer.propose(*vllm_arguments(engine, seen, MAX_SEQS))
             out.append(drafts)
+            clock.now += 1.0 + token_cost * sum(map(len, drafts))
             engine.step(drafts)
         runs.append(out)
     assert runs[0] == runs[1]
@@ -182,6 +190,7 @@ def test_a_saved_trie_warms_the_proposer(monkeypatch, tmp_path):
     ("DRAFTCORE_DRAFTER", "jacobi", "DRAFTCORE_DRAFTER: 'jacobi'; expected one of \\['trie'\\]"),
     ("DRAFTCORE_TRIE_FILE", "/no/such/trie.npz", "DRAFTCORE_TRIE_FILE: '/no/such/trie.npz' is not a file"),
     ("DRAFTCORE_TOKENCOST", "0.1", "DRAFTCORE_TOKENCOST: not an option"),
+    ("DRAFTCORE_PAUSE", "on", "DRAFTCORE_PAUSE: 'on'; expected one of \\['auto', 'off'\\]"),
     # sizes past what one verify or this machine's memory holds (they raised a MemoryError at startup)
     ("DRAFTCORE_TREE_NODES", str(10**12), "DRAFTCORE_TREE_NODES: 1000000000000 asks for trees of .* expected at most"),
     ("DRAFTCORE_TRIE_CAPACITY", str(2**40), "DRAFTCORE_TRIE_CAPACITY=1099511627776: the trie's node pool would take "
@@ -195,7 +204,7 @@ def test_bad_options_are_refused_at_construction(monkeypatch, name, value, messa
 
 def test_a_config_without_the_tested_interface_is_refused_naming_what_is_missing_and_the_versions():
     for missing in ("scheduler_config.max_num_seqs", "speculative_config.num_speculative_tokens",
-                    "model_config.max_model_len"):
+                    "model_config.max_model_len", "parallel_config.tensor_parallel_size"):
         with pytest.raises(ConfigError, match=rf"vllm_config\.{missing}: missing .* tested with vLLM 0\.32\.0"):
             DraftcoreProposer(stand_in_config(drop=missing))
 

@@ -22,6 +22,10 @@ from the environment of the process that starts vLLM (its engine and worker proc
                                             drafted token's cost) times the longest context suffix seen
                                             before with a continuation ("inf": no such cap); see
                                             draftcore.drafters.rows
+    DRAFTCORE_PAUSE           auto          the floor (floor.py): "auto" times the engine's steps and proposes
+                                            nothing while drafting does not pay, where one rank drafts
+                                            (tensor_parallel_size 1; ranks would time differently and
+                                            draft apart); "off": always the cost rule's chains
 
 A value that cannot be used raises ConfigError naming the variable, the value and what was expected,
 when vLLM builds the proposer (at startup, before any request).
@@ -44,9 +48,10 @@ from draftcore.validate import fits_in_memory, within_tree_limit
 TOKEN_COST_BY_DEVICE = {"cuda": 0.005, "cpu": 0.04}
 ROW_COST_BY_DEVICE = {"cuda": 0.02, "cpu": 0.16}
 _SUPPORTED_DRAFTERS = ("trie",)
+_PAUSE_CHOICES = ("auto", "off")
 PREFIX = "DRAFTCORE_"
 KNOWN = ("DRAFTCORE_DRAFTER", "DRAFTCORE_TRIE_FILE", "DRAFTCORE_TRIE_CAPACITY", "DRAFTCORE_TOKEN_COST",
-         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES", "DRAFTCORE_MATCH_COST")
+         "DRAFTCORE_ROW_COST", "DRAFTCORE_TREE_NODES", "DRAFTCORE_MATCH_COST", "DRAFTCORE_PAUSE")
 # Variables of draftcore's that are not the proposer's (the tools' cache folder): not refused.
 _OTHERS = ("DRAFTCORE_CACHE",)
 
@@ -60,6 +65,7 @@ class ProposerOptions:
     row_cost: float = ROW_COST_BY_DEVICE["cpu"]
     tree_nodes: int | None = None
     match_cost: float = 0.07
+    pause: str = "auto"
 
 
 def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptions:
@@ -82,6 +88,9 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
                           "capacity; unset one of them")
     trie_capacity = _int(environ, "DRAFTCORE_TRIE_CAPACITY", 1 << 18, minimum=64)
     fits_in_memory(pool_bytes(trie_capacity), "the trie's node pool", DRAFTCORE_TRIE_CAPACITY=trie_capacity)
+    pause = environ.get("DRAFTCORE_PAUSE", "auto")
+    if pause not in _PAUSE_CHOICES:
+        raise ConfigError(f"DRAFTCORE_PAUSE: {pause!r}; expected one of {list(_PAUSE_CHOICES)}")
     tree_nodes = _int(environ, "DRAFTCORE_TREE_NODES", None, minimum=1)
     if tree_nodes is not None:   # the trie's draft per row, a propose budget: bounded as one
         within_tree_limit("DRAFTCORE_TREE_NODES", tree_nodes, tree_nodes)
@@ -91,7 +100,8 @@ def options_from_environment(environ=None, device: str = "cpu") -> ProposerOptio
         row_cost=_float(environ, "DRAFTCORE_ROW_COST", ROW_COST_BY_DEVICE.get(device, ProposerOptions.row_cost)),
         tree_nodes=tree_nodes,
         match_cost=_number(environ, "DRAFTCORE_MATCH_COST", ProposerOptions.match_cost, float, lambda v: v >= 0.0,
-                           "a number >= 0, or inf"))
+                           "a number >= 0, or inf"),
+        pause=pause)
 
 
 def _int(environ, name: str, default, minimum: int):

@@ -15,8 +15,10 @@ rejection-samples them itself, so sampling stays exact on vLLM's side.
 
 No request ids come with the rows, and vLLM reuses, swaps and condenses rows between steps: the
 RowDrafter underneath finds each row's request by its tokens (draftcore.drafters.rows), so no
-state leaks from one request to the next, and drafts are a function of the rows alone (tensor-parallel
-ranks, which each run the proposer, agree). Options come from environment variables (options.py).
+state leaks from one request to the next, and its chains are a function of the rows alone (tensor-parallel
+ranks, which each run the proposer and, with async scheduling, each verify their own drafts, agree).
+Where one rank drafts, the proposer also times the engine's steps and proposes nothing while drafting
+does not pay (the floor, floor.py; DRAFTCORE_PAUSE). Options come from environment variables (options.py).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from draftcore.drafters.rows import RowDrafter
 from draftcore.drafters.trie import TrieDrafter
 from draftcore.errors import ConfigError
 
+from .floor import StepFloor
 from .options import options_from_environment
 
 # The vLLM releases this proposer was run against (make test-vllm); the hook is marked experimental.
@@ -39,7 +42,7 @@ TESTED_VLLM_VERSIONS = ("0.32.0",)
 class DraftcoreProposer:
     """A vLLM custom-class proposer drafting from draftcore's trie, all rows in one numba call."""
 
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config, *, clock=time.perf_counter):
         settings = read_vllm_config(vllm_config)
         options = options_from_environment(device=settings["device"])
         if options.trie_file is not None:
@@ -57,6 +60,11 @@ class DraftcoreProposer:
                                token_limit=settings["vocab_size"], token_cost=options.token_cost,
                                row_cost=options.row_cost, tree_nodes=options.tree_nodes,
                                match_cost=options.match_cost, drafter=drafter)
+        # Timing steps makes the drafts depend on the clock, which tensor-parallel ranks do not share.
+        self.floor = StepFloor(options.row_cost) if options.pause == "auto" and settings["tensor_parallel_size"] == 1 \
+            else None
+        self.clock = clock
+        self._no_drafts = np.zeros(settings["max_num_seqs"], np.int64)
         self.steps = 0
         self.seconds = 0.0   # spent in propose (for reports: the proposer's share of a step)
 
@@ -64,22 +72,26 @@ class DraftcoreProposer:
         """vLLM's CPU runner calls this on every proposer; there is no draft model to load."""
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
-        start = time.perf_counter()
+        start = self.clock()
         n = len(sampled_token_ids)
         if n == 0:
             return []
         active = np.fromiter((len(ids) > 0 for ids in sampled_token_ids), np.bool_, n)
-        tokens, lengths = self.rows.propose(token_ids_cpu, num_tokens_no_spec[:n], active)   # BusyError if concurrent
+        n_tokens = np.asarray(num_tokens_no_spec[:n])
+        drafting = self.floor is None or self.floor.drafting(sampled_token_ids, n_tokens, start)
+        # A paused step still hands the rows over: the trie takes in their tokens, no chain is drafted.
+        limits = None if drafting else self._no_drafts[:n]
+        tokens, lengths = self.rows.propose(token_ids_cpu, n_tokens, active, limits)   # BusyError if concurrent
         drafts = [row[:m] for row, m in zip(tokens.tolist(), lengths.tolist())]
         self.steps += 1
-        self.seconds += time.perf_counter() - start
+        self.seconds += self.clock() - start
         return drafts
 
     def stats(self) -> dict:
         """What the proposer did so far (vLLM reports acceptance itself: its spec_decode metrics)."""
         return {"steps": self.steps, "propose_seconds": self.seconds, "rows_drafted": self.rows.rows_drafted,
                 "tokens_proposed": self.rows.tokens_proposed, "requests_tracked": self.rows.requests_tracked,
-                "trie_nodes": self.rows.drafter.n_nodes}
+                "trie_nodes": self.rows.drafter.n_nodes, "floor": None if self.floor is None else self.floor.stats()}
 
     def save_trie(self, path) -> None:
         """Save what the trie learnt (TrieDrafter.save: atomic), to start a later server from it."""
@@ -113,7 +125,8 @@ def read_vllm_config(vllm_config) -> dict:
     return {"num_speculative_tokens": int(need("speculative_config.num_speculative_tokens")),
             "max_model_len": int(need("model_config.max_model_len")),
             "max_num_seqs": int(need("scheduler_config.max_num_seqs")),
-            "vocab_size": int(get_vocab_size()), "device": str(device)}
+            "vocab_size": int(get_vocab_size()), "device": str(device),
+            "tensor_parallel_size": int(need("parallel_config.tensor_parallel_size"))}
 
 
 def installed_vllm_version() -> str | None:

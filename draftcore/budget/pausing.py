@@ -8,7 +8,7 @@ the other is tried now and then. Paused steps teach no cost and no acceptance (n
 drafted); the drafter still sees every accepted token through `update`, so it is ready when a trial
 finds drafting paying again.
 
-    trials = PauseTrials(every=64, steps=16, backoff=2)
+    trials = PauseTrials(every=64, steps=16, backoff=2)   # fresh=True: an arm on trial is judged by its trial alone
     drafting = trials.start_step(step)                  # before the step: which arm runs it
     drafted = trials.end_step(step, tokens, time)       # after it: that arm's tokens and time (any unit)
 """
@@ -30,10 +30,15 @@ class PauseTrials:
     interval growing by `backoff` (up to 16x) while the winner stays the same. A trial of drafting
     lasts `steps` steps (0: never pause), since what drafting gains comes in bursts (a repeated span,
     then nothing). The first trial comes after `every` drafting steps, and the first half of those,
-    spent learning sizes and acceptance, does not count as drafting's worth."""
+    spent learning sizes and acceptance, does not count as drafting's worth.
 
-    def __init__(self, every: int, steps: int, backoff: int):
-        self.every, self.steps, self.backoff = every, steps, backoff
+    With `fresh`, an arm on trial is judged by its trial's steps alone, not by a record that also
+    holds its steps from hundreds of steps ago: where what drafting is worth changes under the arms
+    (a server's traffic, the vLLM proposer's floor), a memory of 256 steps renewed 16 steps a trial
+    would take 16 trials to see drafting pay again."""
+
+    def __init__(self, every: int, steps: int, backoff: int, fresh: bool = False):
+        self.every, self.steps, self.backoff, self.fresh = every, steps, backoff, fresh
         self.arm = DRAFT                       # the arm of the step under way
         self.winner = DRAFT
         self.tokens = np.zeros(2)              # faded sums per arm: tokens emitted, time
@@ -49,6 +54,8 @@ class PauseTrials:
         having been observed."""
         if self.steps and self.trial_left == 0 and step >= self.next_trial:
             self.trial_left = PAUSE_TRIAL if self.winner == DRAFT else self.steps
+            if self.fresh:
+                self.tokens[1 - self.winner] = self.time[1 - self.winner] = 0.0
         self.arm = 1 - self.winner if self.trial_left else self.winner
         return self.arm == DRAFT
 

@@ -75,18 +75,24 @@ def make_report(title: str, tables, *, command: str | None = None, settings: dic
             "machine": machine(settings), "tables": list(tables)}
 
 
-def command_line(argv=None) -> str:
+def command_line(argv=None, environ=None) -> str:
     """The command as one types it again from the current folder: `python benchmarks/x.py --n 2` for
     a script (the interpreter by its path when it lies in this folder, as .venv/bin/python does),
-    `draftcore bench ...` for a console script. argv: default sys.argv."""
+    `draftcore bench ...` for a console script, after the DRAFTCORE_* variables set in `environ`
+    (draftcore's options read there: `DRAFTCORE_LLAMACPP_KV=q8_0 python ...`; the cache folder
+    aside). argv: default sys.argv; environ: default os.environ."""
     argv = list(sys.argv if argv is None else argv)
+    environ = os.environ if environ is None else environ
+    options = [f"{name}={environ[name]}" for name in sorted(environ)
+               if name.startswith("DRAFTCORE_") and name != "DRAFTCORE_CACHE"]
     program = _path_as_typed(argv[0])
     if program.endswith(".py"):
         interpreter = _path_as_typed(sys.executable)
         words = [interpreter if not os.path.isabs(interpreter) else "python", program]
     else:
         words = [os.path.basename(program)]
-    return shlex.join(words + [str(a) for a in argv[1:]])
+    return " ".join(shlex.quote(option) for option in options) + " " * bool(options) + \
+        shlex.join(words + [str(a) for a in argv[1:]])
 
 
 def _path_as_typed(path: str) -> str:

@@ -53,6 +53,10 @@ def test_tiny_llama_greedy_equals_no_speculation_with_rows_reused(tiny_llama_dir
     assert_same_greedy(plain, spec, "tiny llama")
     assert metrics["drafts"] > 0 and metrics["accepted_tokens"] > 0, metrics
     assert any(s.get("steps", 0) > 0 for s in stats), stats
+    # The floor reads vLLM's own step arguments: decode steps of the same rows must be recognised
+    # as such (adapters/vllm/floor.py), or it would never learn and never pause.
+    floors = [s["floor"] for s in stats if s.get("floor")]
+    assert floors and all(f["learnt_steps"] > 0.5 * s["steps"] for f, s in zip(floors, stats)), stats
 
 
 def test_tiny_llama_greedy_equals_no_speculation_up_to_max_model_len(tiny_llama_dir):
