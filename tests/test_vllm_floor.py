@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from draftcore import BusyError
 from draftcore.adapters.vllm import DraftcoreProposer
 from draftcore.adapters.vllm.floor import StepFloor
 from row_engine import Engine, repeating_requests, vllm_arguments
@@ -101,7 +102,7 @@ def test_only_steps_of_the_same_decoding_rows_are_learnt_from():
     ]
     learnt = 0
     for i, (sampled, n_tokens, taught) in enumerate(calls):
-        floor.drafting(sampled, np.array(n_tokens), float(i))
+        floor.drafting(np.array([len(ids) for ids in sampled]), np.array(n_tokens), float(i))
         learnt += taught
         assert floor.learnt_steps == learnt, f"call {i}"
 
@@ -113,3 +114,15 @@ def test_drafting_is_taken_up_again_when_it_comes_to_pay(monkeypatch):
     stats = proposer.stats()["floor"]
     assert proposer.steps > 500 and stats["paused_steps"] > 100      # it had paused
     assert stats["drafting_pays"] is True and paused_late < 0.1
+
+
+def test_a_concurrent_call_is_refused_and_teaches_the_floor_nothing(monkeypatch):
+    proposer = DraftcoreProposer(config(), clock=Clock())
+    rows = np.zeros((MAX_SEQS, MAX_LEN), np.int32)
+    n = np.array([5, 6, 0], np.int32)
+    proposer.propose([[1], [2]], n, rows)
+    before = (proposer.floor.calls, proposer.floor.learnt_steps, proposer.floor._last[1].tolist())
+    with proposer._busy:   # another thread inside propose
+        with pytest.raises(BusyError, match="propose: this DraftcoreProposer is serving another call"):
+            proposer.propose([[1], [2]], np.array([6, 7, 0], np.int32), rows)
+    assert (proposer.floor.calls, proposer.floor.learnt_steps, proposer.floor._last[1].tolist()) == before

@@ -17,7 +17,7 @@ call before, are learnt from: a step that admitted, finished or moved a request,
 prompt's prefill, costs what neither arm chose.
 
     floor = StepFloor(row_cost=0.16)
-    drafting = floor.drafting(sampled_token_ids, num_tokens_no_spec[:n], time.perf_counter())
+    drafting = floor.drafting(emitted, num_tokens_no_spec[:n], time.perf_counter())   # emitted[r]: len(sampled_token_ids[r])
 """
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ class StepFloor:
         self.paused_steps = 0      # calls that proposed nothing, the floor having chosen so
         self._last = None          # (time, tokens per row, every row decoding) at the last call
 
-    def drafting(self, sampled_token_ids, n_tokens: np.ndarray, now: float) -> bool:
-        """Whether this call drafts. sampled_token_ids and n_tokens (int[n]) are what vLLM passed
-        (rows 0 .. n-1), `now` the time the call began (seconds)."""
-        emitted = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
+    def drafting(self, emitted: np.ndarray, n_tokens: np.ndarray, now: float) -> bool:
+        """Whether this call drafts. emitted (int[n]: the length of each row's sampled_token_ids)
+        and n_tokens (int[n]) describe what vLLM passed for rows 0 .. n-1, `now` the time the
+        call began (seconds)."""
         decoding = bool(emitted.size) and bool(emitted.all())
         if self._last is not None:
             then, before, all_decoding = self._last

@@ -23,6 +23,7 @@ does not pay (the floor, floor.py; DRAFTCORE_PAUSE). Options come from environme
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 import time
 import warnings
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from draftcore.drafters.rows import RowDrafter
 from draftcore.drafters.trie import TrieDrafter
-from draftcore.errors import ConfigError
+from draftcore.errors import BusyError, ConfigError
 
 from .floor import StepFloor
 from .options import options_from_environment
@@ -65,6 +66,7 @@ class DraftcoreProposer:
             else None
         self.clock = clock
         self._no_drafts = np.zeros(settings["max_num_seqs"], np.int64)
+        self._busy = threading.Lock()
         self.steps = 0
         self.seconds = 0.0   # spent in propose (for reports: the proposer's share of a step)
 
@@ -76,12 +78,19 @@ class DraftcoreProposer:
         n = len(sampled_token_ids)
         if n == 0:
             return []
-        active = np.fromiter((len(ids) > 0 for ids in sampled_token_ids), np.bool_, n)
+        emitted = np.fromiter(map(len, sampled_token_ids), np.int64, n)
         n_tokens = np.asarray(num_tokens_no_spec[:n])
-        drafting = self.floor is None or self.floor.drafting(sampled_token_ids, n_tokens, start)
-        # A paused step still hands the rows over: the trie takes in their tokens, no chain is drafted.
-        limits = None if drafting else self._no_drafts[:n]
-        tokens, lengths = self.rows.propose(token_ids_cpu, n_tokens, active, limits)   # BusyError if concurrent
+        # One engine step at a time, refused before the floor learns anything from a call it won't serve.
+        if not self._busy.acquire(blocking=False):
+            raise BusyError("propose: this DraftcoreProposer is serving another call right now; it tracks one "
+                            "engine's batch, so give each engine its own proposer")
+        try:
+            drafting = self.floor is None or self.floor.drafting(emitted, n_tokens, start)
+            # A paused step still hands the rows over: the trie takes in their tokens, no chain is drafted.
+            limits = None if drafting else self._no_drafts[:n]
+            tokens, lengths = self.rows.propose(token_ids_cpu, n_tokens, emitted > 0, limits)
+        finally:
+            self._busy.release()
         drafts = [row[:m] for row, m in zip(tokens.tolist(), lengths.tolist())]
         self.steps += 1
         self.seconds += self.clock() - start
