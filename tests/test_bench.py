@@ -309,3 +309,29 @@ def test_chain_replay_s_oracle_bounds_every_chain_proposer_it_replays(token_cost
         for propose in (chain.row_proposer(k, token_cost), lambda c: None if c is None else chain.vllm_ngram(c, k)):
             t, s, _ = chain.replay(group, propose, k)
             assert t == tokens and 1.0 < t / s <= tokens / steps + 1e-12, (dataset, t / s, tokens / steps)
+
+
+def test_vllm_rounds_split_every_prompt_once_and_merge_back_in_order():
+    """benchmarks/vllm_proposer.py --rounds: each part starts with the warm-up prompt, the measured
+    prompts are split without loss or overlap, and merging the parts' results gives the prompts'
+    tokens back in order, times and counters summed, and each round's speedup against its own plain."""
+    bench = _benchmark_script("vllm_proposer")
+    ids = [[0], [1], [2], [3], [4], [5], [6], [7]]
+    parts = bench.in_rounds(ids, 3)
+    assert all(part[0] == [0] for part in parts)
+    assert [p for part in parts for p in part[1:]] == ids[1:]
+    with pytest.raises(SystemExit, match="--rounds"):
+        bench.in_rounds(ids, 8)
+
+    def result(tokens, seconds, paused):
+        return {"mtbench": {"tokens": tokens, "seconds": [None] * len(tokens), "total_seconds": seconds,
+                            "spec": {"drafts": 2, "draft_tokens": 5, "accepted_tokens": 3},
+                            "proposer": {"steps": 10, "seconds": 0.5, "paused_steps": paused}}}
+    plain = bench.merged([result([[1, 2]], 2.0, None), result([[3], [4, 5, 6]], 4.0, None)])
+    fast = bench.merged([result([[1, 2]], 1.0, 4), result([[3], [4, 5, 6]], 4.0, 1)])
+    assert fast["mtbench"]["tokens"] == [[1, 2], [3], [4, 5, 6]]
+    assert fast["mtbench"]["total_seconds"] == 5.0
+    assert fast["mtbench"]["spec"] == {"drafts": 4, "draft_tokens": 10, "accepted_tokens": 6}
+    assert fast["mtbench"]["proposer"] == {"steps": 20, "seconds": 1.0, "paused_steps": 5}
+    assert plain["mtbench"]["proposer"]["paused_steps"] is None
+    assert bench.by_round(fast["mtbench"], plain["mtbench"]) == "2.00x / 1.00x"

@@ -108,7 +108,9 @@ def edit_requests(n: int) -> list[str]:
 
 def agent_requests(n: int) -> list[str]:
     """A sequence of requests sharing one tool schema (JSON), each answered with a JSON tool call:
-    MT-Bench first turns as the users' tasks."""
+    MT-Bench first turns as the users' tasks. SmolLM2-135M answers none of the first 10 with a tool
+    call (it writes prose or code about the task): on that model the set measures a shared schema
+    prefix with new answers, not an agent's repeated call shapes (docs/drafters.md, "Bounds")."""
     schema = json.dumps(_AGENT_TOOLS, indent=1)
     return [f"You are an assistant that acts only through tools. The tools, as JSON:\n{schema}\n\nTask: "
             f"{question}\n\nReply with exactly one JSON object of the form {{\"tool\": \"<name>\", "
