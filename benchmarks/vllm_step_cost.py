@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftcore.adapters.vllm.floor import same_rows_decoded
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEDULE_VARIABLE = "VLLM_STEP_COST_LENGTHS"   # not DRAFTCORE_*: those are the proposer's own options
 
@@ -50,8 +52,7 @@ class FixedChainProposer:
         decoding = bool(n) and bool(emitted.all())
         if self._last is not None:
             then, before, all_decoding, length = self._last
-            if all_decoding and decoding and before.shape == n_tokens.shape and np.array_equal(before + emitted,
-                                                                                            n_tokens):
+            if all_decoding and decoding and same_rows_decoded(before, emitted, n_tokens):
                 self.samples.append((n, length, now - then))
         length = self.lengths[self.calls % len(self.lengths)]
         self.calls += 1

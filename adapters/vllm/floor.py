@@ -50,8 +50,7 @@ class StepFloor:
         decoding = bool(emitted.size) and bool(emitted.all())
         if self._last is not None:
             then, before, all_decoding = self._last
-            if all_decoding and decoding and before.shape == n_tokens.shape and \
-                    np.array_equal(before + emitted, n_tokens):
+            if all_decoding and decoding and same_rows_decoded(before, emitted, n_tokens):
                 plain_steps = (1.0 + self.row_cost * emitted.size) / (1.0 + self.row_cost)
                 self.trials.end_step(self.calls, int(emitted.sum()), (now - then) / plain_steps)
                 self.learnt_steps += 1
@@ -68,3 +67,9 @@ class StepFloor:
         return {"learnt_steps": self.learnt_steps, "paused_steps": self.paused_steps,
                 "drafting_pays": self.trials.drafting_pays(),
                 "rates": {"draft": draft_rate, "pause": pause_rate}}
+
+
+def same_rows_decoded(before: np.ndarray, emitted: np.ndarray, n_tokens: np.ndarray) -> bool:
+    """Whether the rows now (n_tokens, after `emitted` tokens each) are exactly the rows of the call
+    before (`before`), each grown by what it emitted: a step with no admission, finish or moved row."""
+    return before.shape == n_tokens.shape and bool(np.array_equal(before + emitted, n_tokens))
