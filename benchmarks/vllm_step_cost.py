@@ -170,6 +170,8 @@ def main(argv=None) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     if max(lengths) > args.k or min(lengths) < 0:
         raise SystemExit(f"--lengths: expected 0 .. --k = {args.k}, got {args.lengths}")
+    if args.against_plain < 0:
+        raise SystemExit(f"--against-plain: expected a number of turns >= 1 (0: the step costs), got {args.against_plain}")
     batches = [int(b) for b in args.batch.split(",")]
     model = default_hf_folder()
     prompts, _ = load(args.n * max(batches), ["mtbench"])
