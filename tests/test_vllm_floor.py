@@ -78,8 +78,8 @@ def test_drafting_that_costs_more_than_it_gains_is_paused(monkeypatch):
     stats = proposer.stats()["floor"]
     assert always > 1.3 * plain                  # the cost rule alone drafts where it loses
     assert stats["drafting_pays"] is False and paused_late > 0.7   # drafting tried 16 steps in 80
-    # pausing sets in after two trials (steps 64 and ~200, PauseTrials), and drafting is tried again
-    # now and then: what a floor costs at the start of a server's life, not a share of its run
+    # pausing sets in after the first trial (step 32) where it wins by CLEAR_WIN, else after a second;
+    # drafting is tried again now and then: what a floor costs at the start of a server's life, not a share of its run
     assert floored < 0.8 * always and stats["rates"]["pause"] > 2 * stats["rates"]["draft"]
     assert stats["learnt_steps"] > 0.8 * proposer.steps   # admissions and finishes aside, every step taught
 
