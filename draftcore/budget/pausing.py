@@ -68,7 +68,7 @@ class PauseTrials:
         self.arm = 1 - self.winner if self.trial_left else self.winner
         return self.arm == DRAFT
 
-    def end_step(self, step: int, tokens: int, time: float) -> bool:
+    def end_step(self, step: int, tokens: float, time: float) -> bool:
         """Step `step` emitted `tokens` in `time`; returns whether it drafted. A step that
         `start_step` did not begin drafts."""
         arm, self.arm = self.arm, DRAFT
@@ -85,7 +85,7 @@ class PauseTrials:
         return float(rate[0]) if self.steps_run[0] else float("nan"), \
             float(rate[1]) if self.steps_run[1] else float("nan")
 
-    def _learn(self, arm: int, step: int, tokens: int, time: float) -> None:
+    def _learn(self, arm: int, step: int, tokens: float, time: float) -> None:
         if step <= self.first_trial // 2:
             return   # the first steps measure sizes and acceptance, not what drafting is worth
         keep = 1.0 - 1.0 / ARM_MEMORY
