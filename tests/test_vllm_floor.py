@@ -4,6 +4,7 @@ stand-in of row_engine.py, its step times a simulated cost: a step of r rows and
 takes 1 + ROW_COST * r + token_cost * d."""
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -197,3 +198,19 @@ def test_a_clear_win_of_pausing_takes_over_after_one_early_trial():
     assert first_paused_step(PauseTrials(64, 16, 1, fresh=True), 1.5) == 64 + PAUSE_TRIAL + 64 + PAUSE_TRIAL - 1
     assert first_paused_step(floor_trials(), 1.1) == FIRST_TRIAL + PAUSE_TRIAL + 64 + PAUSE_TRIAL - 1
     assert first_paused_step(floor_trials(), 0.9) is None   # drafting pays: never paused
+
+
+@pytest.mark.parametrize("option, bad, expected", [
+    ("first_trial", 0, "first_trial: expected an int >= 1, got 0"),
+    ("first_trial", 2.5, "first_trial: expected an int >= 1, got 2.5"),
+    ("clear_win", 1.0, "clear_win: expected a finite number > 1.0, got 1.0"),
+    ("clear_win", float("nan"), "clear_win: expected a finite number > 1.0, got nan"),
+    ("clear_win", "1.25", "clear_win: expected a number, got '1.25'"),
+])
+def test_pause_trials_refuse_a_bad_schedule_naming_it(option, bad, expected):
+    """A first trial before step 1 or a 'clear win' of at most 1x (which would pause a drafter that
+    pays) is refused with the option's name, never run."""
+    from draftcore import ConfigError
+    from draftcore.budget.pausing import PauseTrials
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        PauseTrials(64, 16, 1, fresh=True, **{option: bad})

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..validate import positive_float, positive_int
+
 DRAFT, PAUSE = 0, 1     # arms
 ARM_MEMORY = 256        # an arm's steps after which its evidence has faded to 1/e
 PAUSE_TRIAL = 4         # steps a trial of pausing lasts: a paused step always costs the same and emits one token
@@ -46,8 +48,11 @@ class PauseTrials:
     def __init__(self, every: int, steps: int, backoff: int, fresh: bool = False,
                  first_trial: int | None = None, clear_win: float | None = None):
         self.every, self.steps, self.backoff, self.fresh = every, steps, backoff, fresh
-        self.first_trial = every if first_trial is None else first_trial
-        self.clear_win = clear_win
+        # every, steps and backoff come validated from CostAwareBudget's settings; these two are set
+        # by the vLLM floor's constants today, checked here so a bad one cannot pass silently later
+        self.first_trial = every if first_trial is None else positive_int("first_trial", first_trial)
+        # a win by less than 1x is no win: such a clear_win would pause a drafter that pays
+        self.clear_win = None if clear_win is None else positive_float("clear_win", clear_win, minimum=1.0)
         self.arm = DRAFT                       # the arm of the step under way
         self.winner = DRAFT
         self.tokens = np.zeros(2)              # faded sums per arm: tokens emitted, time
