@@ -18,6 +18,7 @@ from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import CostAwareBudget
 from draftcore.tools.cost_model import COST_TABLES, CostModel
+from draftcore.tools.oracle_budget import ASSISTS
 from draftcore.tools.replay import replay
 from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces
@@ -34,7 +35,8 @@ def main():
                         help="'fixed N', 'auto' (the library's default budget), 'auto NAME=VALUE ...': a "
                              "CostAwareBudget with those settings, e.g. 'auto max_loss=inf', or 'oracle': each "
                              "step the best prefix of the proposal by the recorded output (the auto budget's "
-                             "headroom, draftcore.tools.oracle_budget)")
+                             "headroom, draftcore.tools.oracle_budget), or 'oracle-skip' / 'oracle-extend': the "
+                             "auto budget told one thing the recording knows (AssistedBudget)")
     parser.add_argument("--fresh", type=int, default=0, metavar="N",
                         help="replay the first N traces of each dataset alone, each on a fresh verifier")
     args = parser.parse_args()
@@ -74,15 +76,16 @@ def main():
 
 def budget_factory(policy: str):
     """A callable making a fresh budget for one replay: None (the library's default auto budget), an
-    int (fixed), "oracle" (replay builds it over its own verifier), or a CostAwareBudget with the
-    settings named after 'auto'."""
+    int (fixed), "oracle" or an ASSISTS name (replay builds it over its own verifier), or a
+    CostAwareBudget with the settings named after 'auto'."""
     name, *settings = policy.split()
     if name == "fixed":
         return lambda: int(settings[0])
-    if name == "oracle":
-        return lambda: "oracle"
+    if name in ("oracle",) + ASSISTS:
+        return lambda: name
     if name != "auto":
-        raise SystemExit(f"--policies: expected 'fixed N', 'oracle' or 'auto [NAME=VALUE ...]', got {policy!r}")
+        raise SystemExit(f"--policies: expected 'fixed N', 'oracle', {', '.join(map(repr, ASSISTS))} or "
+                         f"'auto [NAME=VALUE ...]', got {policy!r}")
     if not settings:
         return lambda: None
     pairs = (setting.split("=", 1) for setting in settings)

@@ -8,7 +8,7 @@ import draftcore
 from draftcore import CostAwareBudget, DraftTree, FixedBudget, InputError, TrieDrafter
 from draftcore.checks import MISSING
 from draftcore.tools.cost_model import CostModel, SimulatedClock
-from draftcore.tools.oracle_budget import OracleBudget
+from draftcore.tools.oracle_budget import ASSISTS, AssistedBudget, OracleBudget
 from draftcore.tools.replay import TraceVerifier, replay, vocab_size_of
 from draftcore.tools.traces import Trace, read_traces, write_traces
 from naive import naive_greedy_accept
@@ -232,3 +232,47 @@ def test_traces_round_trip_through_gzip_reproducibly(tmp_path):
 def test_vocab_size_of_covers_every_token():
     traces = _traces(3)
     assert vocab_size_of(traces) == 1 + max(int(max(t.prompt_ids.max(), t.output_ids.max())) for t in traces)
+
+
+class _RecordingAssist(AssistedBudget):
+    def __init__(self, verifier, assist):
+        super().__init__(verifier, assist)
+        self.choices = []   # (the auto budget's k, the assisted choice, accepted tokens by prefix)
+
+    def assisted_choice(self, tree, k):
+        changed = super().assisted_choice(tree, k)
+        n = min(tree.n_draft, self.max_nodes) + 1
+        self.choices.append((k, changed, self.verifier.accepted_by_prefix(tree)[:n]))
+        return changed
+
+
+@pytest.mark.parametrize("assist", ASSISTS)
+def test_an_assisted_budget_changes_only_the_choices_its_knowledge_names(assist):
+    """oracle-skip drops exactly the trees of which nothing would be accepted; oracle-extend grows
+    exactly the choices accepted whole short of what the proposal would accept, to a menu size that
+    accepts it all; the replay still reproduces every recorded output."""
+    traces = _traces()
+    clock = SimulatedClock(CostModel.named("hf-cpu"))
+    verifier = TraceVerifier.for_traces(traces, clock=clock)
+    budget, drafter = _RecordingAssist(verifier, assist), TrieDrafter()
+    for trace in traces:
+        verifier.load(trace)
+        result = draftcore.speculate(verifier, trace.prompt_ids, max_new_tokens=trace.output_ids.shape[0],
+                                     eos_token_id=2, drafter=drafter, budget=budget, clock=clock)
+        assert np.array_equal(result.tokens, trace.output_ids[:result.tokens.shape[0]])
+    changed = [(k, c, accepted) for k, c, accepted in budget.choices if c != k]
+    assert changed and budget.assisted == len(changed)
+    for k, c, accepted in budget.choices:
+        if assist == "oracle-skip":
+            assert (c != k) == (k > 0 and accepted[-1] == 0) and (c == k or c == 0)
+        else:
+            grows = 0 < k < accepted.shape[0] - 1 and accepted[k] == k and accepted[-1] > k
+            assert (c != k) == grows
+            if grows:
+                assert accepted[c] == accepted[-1] and (c + 1 in budget.sizes or c == accepted.shape[0] - 1)
+
+
+def test_an_unknown_assist_is_refused():
+    verifier = TraceVerifier.for_traces(_traces())
+    with pytest.raises(draftcore.ConfigError, match="assist: expected one of"):
+        AssistedBudget(verifier, "oracle-everything")

@@ -15,12 +15,25 @@ auto budget's distance to it says how much a better expectation could still gain
 
     replay(traces, budget="oracle", cost="llamacpp-cpu")
     benchmarks/budget_sim.py --policies auto,oracle
+
+Between the two, `AssistedBudget` is the auto budget told one thing only, to say which part of that
+distance is which:
+
+    "oracle-skip"    no tree where nothing of the proposal would be accepted (the steps a budget that
+                     recognised a drafter's dead ends could save)
+    "oracle-extend"  where every candidate the auto budget chose would be accepted (the model did not
+                     disagree, the draft ran out), as many more as the proposal would have accepted
+                     (what recognising a copy that keeps going could gain: suffix decoding's signal)
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..budget import CostAwareBudget
+from ..errors import ConfigError
 from ..tree import DraftTree
+
+ASSISTS = ("oracle-skip", "oracle-extend")
 
 
 class OracleBudget:
@@ -53,3 +66,37 @@ class OracleBudget:
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         pass
+
+
+class AssistedBudget(CostAwareBudget):
+    """The auto budget (learning as it always does, from the steps it really verifies), whose choice
+    is changed by one piece of the recorded output's knowledge, `assist` (ASSISTS). An extended tree
+    is verified at the next menu size (the sizes the budget measures), so its cost is learnt as any
+    other. `assisted` counts the choices changed."""
+
+    def __init__(self, verifier, assist: str, **settings):
+        if assist not in ASSISTS:
+            raise ConfigError(f"assist: expected one of {list(ASSISTS)}, got {assist!r}")
+        super().__init__(**settings)
+        self.verifier, self.assist = verifier, assist
+        self.assisted = 0
+
+    def choose(self, tree: DraftTree) -> int:
+        k = super().choose(tree)
+        changed = self.assisted_choice(tree, k)
+        self.assisted += changed != k
+        return changed
+
+    def assisted_choice(self, tree: DraftTree, k: int) -> int:
+        """The candidates to verify instead of the auto budget's `k`, by the assist's rule."""
+        n = min(tree.n_draft, self.max_nodes) + 1
+        if n == 1:
+            return k
+        accepted = self.verifier.accepted_by_prefix(tree)[:n]
+        if self.assist == "oracle-skip":
+            return 0 if k and accepted[-1] == 0 else k
+        if 0 < k < n - 1 and accepted[k] == k and accepted[-1] > k:
+            needed = int(np.argmax(accepted == accepted[-1]))   # the smallest prefix accepting it all
+            bigger = self.sizes[self.sizes - 1 >= needed]
+            return min(int(bigger[0]) - 1 if bigger.shape[0] else needed, n - 1)
+        return k

@@ -31,7 +31,7 @@ from ..tree import DraftTree
 from ..validate import positive_int
 from . import variants  # noqa: F401  (registers the measured variants: replay runs them by name)
 from .cost_model import CostModel, SimulatedClock
-from .oracle_budget import OracleBudget
+from .oracle_budget import ASSISTS, AssistedBudget, OracleBudget
 from .traces import Trace
 
 
@@ -276,7 +276,9 @@ def replay(traces, drafter=None, *, budget=None, cost="hf-cpu", eos_token_id=Non
         measures the Jacobi pool pessimistically; a real model is needed for it.
     budget: None or "auto" (the library's default: the session's CostAwareBudget), an int, a
         budget policy (kept across traces), or "oracle": each step the prefix of the proposal with
-        the most tokens per second by the recorded output (tools.oracle_budget; needs `cost`).
+        the most tokens per second by the recorded output (tools.oracle_budget; needs `cost`), or
+        "oracle-skip" / "oracle-extend": the auto budget told one thing the recording knows
+        (tools.oracle_budget.AssistedBudget).
     cost: a built-in cost table's name, a table "nodes:ms,...", a CostModel, or None (the loop then
         runs on the real clock, the auto budget learns this replay's own timings, and no speedup is
         reported).
@@ -296,6 +298,8 @@ def replay(traces, drafter=None, *, budget=None, cost="hf-cpu", eos_token_id=Non
             raise ConfigError("budget: 'oracle' weighs tokens against the cost table's seconds; expected a cost, "
                               "got cost=None")
         policy = OracleBudget(verifier, cost_model)
+    elif isinstance(budget, str) and budget in ASSISTS:
+        policy = AssistedBudget(verifier, budget)
     else:
         policy = None if budget is None or budget == "auto" else as_budget_policy(budget)
     report = ReplayReport(cost_model)
