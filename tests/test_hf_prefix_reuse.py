@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import draftcore  # noqa: E402
 from draftcore import ConfigError, DraftTree  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
+from draftcore.adapters.torch_hf.prefix_reuse import MIN_CHUNK, reuse_plan  # noqa: E402
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 from test_hf_verifier import FP32_ATOL, assert_same_greedy, generate_greedy, smollm2  # noqa: E402,F401
@@ -257,3 +258,68 @@ def test_bench_methods_reuse_only_their_own_requests_prefix(models):
     for method, forget in ((methods[1], methods[1].reset), (methods[3], methods[3].restart)):
         forget()
         assert method.run(second, 8).prefix_reused == 0
+
+
+def _pairs(keep: int, length: int, chunk: int) -> int:
+    """(query, key) pairs the attention computes: a fresh causal prefill's lower triangle, or every
+    pair of each chunk of the rest against all positions up to its end (under a mask)."""
+    if keep == 0:
+        return length * (length + 1) // 2
+    return sum((end - start) * end for start in range(keep, length, chunk)
+               for end in [min(start + chunk, length)])
+
+
+def test_a_reuse_plan_never_costs_more_attention_than_a_fresh_prefill():
+    """Over every split of prompts up to 600 tokens: a plan keeps the whole shared prefix or
+    nothing; what it keeps runs in chunks of at least MIN_CHUNK (or one chunk, where the rest is no
+    longer than the kept prefix) whose attention pairs are at most a fresh prefill's; and a rest
+    behind a prefix at least as long is always reused, in one forward."""
+    reused = 0
+    for length in range(2, 601, 7):
+        for shared in range(0, length):
+            keep, chunk = reuse_plan(shared, length)
+            rest = length - shared
+            assert keep in (0, shared) and chunk >= 1
+            if keep == 0:
+                assert chunk == length
+                continue
+            reused += rest > shared
+            assert chunk == rest if rest <= shared else MIN_CHUNK <= chunk < rest
+            assert _pairs(keep, length, chunk) <= _pairs(0, length, length), (shared, length, chunk)
+            if shared >= rest:
+                assert (keep, chunk) == (shared, rest)
+    assert reused > 1000    # rests longer than their prefix were reused, in chunks
+
+
+def test_one_forward_of_a_long_rest_would_break_the_bound_the_chunks_keep():
+    """The planted rule (the rest in one forward) fails the check above where chunks pass it."""
+    keep, chunk = reuse_plan(323, 783)          # an agent's tool schema, then 460 new tokens
+    assert (keep, chunk) == (323, 154)
+    assert _pairs(keep, 783, chunk) <= _pairs(0, 783, 783) < _pairs(keep, 783, 783 - keep)
+    assert reuse_plan(24, 3000) == (0, 3000)    # chunks of 1 token would not pay: a fresh prefill
+
+
+@pytest.mark.parametrize("attn", ATTENTIONS)
+def test_a_rest_longer_than_the_kept_prefix_runs_in_chunks_and_equals_a_fresh_prefill(models, attn):
+    """A prompt sharing 200 cached tokens with 300 new ones behind them: the prefill keeps the 200,
+    runs the 300 in 3 forwards of 100, and gives a fresh prefill's logits; the trees after it too."""
+    model = models[attn]
+    verifier = HFVerifier(model)
+    rng = np.random.default_rng(5)
+    shared = rng.integers(2, verifier.vocab_size, 200).astype(np.int32)
+    verifier.prefill(np.r_[shared, rng.integers(2, verifier.vocab_size, 40)].astype(np.int32))
+    prompt = np.r_[shared, rng.integers(2, verifier.vocab_size, 300)].astype(np.int32)
+    assert reuse_plan(200, 500) == (200, 100) and verifier.cached_prefix(prompt) == 200
+    forwards = []
+    handle = model.model.register_forward_pre_hook(lambda module, args, kwargs: forwards.append(
+        kwargs["input_ids"].shape[-1]), with_kwargs=True)
+    try:
+        tokens, logits = verifier.prefill(prompt, 1)
+    finally:
+        handle.remove()
+    assert forwards == [100, 100, 100] and verifier.prefix_reused == 200 and verifier.n_past == 500
+    np.testing.assert_allclose(logits[0], _fresh_logits(model, prompt), atol=FP32_ATOL, rtol=0)
+    fresh = HFVerifier(model, self_check=False, reuse_prefix=False)
+    fresh.prefill(prompt)
+    tree = DraftTree.build(rng.integers(2, verifier.vocab_size, 5), [-1, 0, 1, 0, 3])
+    np.testing.assert_allclose(verifier.verify(tree, 5)[1], fresh.verify(tree, 5)[1], atol=FP32_ATOL, rtol=0)

@@ -40,6 +40,7 @@ from .attention_backends import cudnn_attention_may_run, without_cudnn
 from .fastest_forward import FastestForward
 from .head import checked_linear_ways, checked_split_head, decoder_of
 from .masks import tree_forward_inputs
+from .prefix_reuse import reuse_plan
 from .selfcheck import check_tree_attention, tolerance
 
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -212,14 +213,15 @@ class HFVerifier:
         Returns (int32[1] the last position's argmax, taken on the model's device;
         float32[n_logits, vocab_size] its logits), n_logits 0 or 1. Afterwards n_past == T.
         With reuse_prefix, the KV of the longest prefix (at most T - 1 tokens: the last position's
-        logits need a forward) shared with the committed tokens is kept where it is at least half
-        the prompt (`_shared_prefix` says why), and only the rest runs.
+        logits need a forward) shared with the committed tokens is kept, and only the rest runs, in
+        chunks where it is longer than the kept prefix; where those chunks would cost more attention
+        than a fresh prefill or be too small to pay, nothing is kept (prefix_reuse.py says why).
         """
         n_logits = check_n_logits(n_logits, 1)
         prompt = token_array("prompt", prompt, self._vocab_size)
         if prompt.shape[0] > self._max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
-        keep = self._shared_prefix(prompt)
+        keep, chunk = reuse_plan(self._shared_prefix(prompt), prompt.shape[0])
         if keep:
             cache = self._cache
             kv_cache.truncate(cache, keep)   # drops the rest of the old sequence and any pending tree
@@ -227,12 +229,15 @@ class HFVerifier:
             cache = kv_cache.new_cache(self._max_context)
         self.reset()  # before the forward, so a failing forward leaves an empty verifier, not a stale or cut one
         with torch.inference_mode():
-            ids = torch.from_numpy(prompt[keep:]).to(self._device, torch.long)[None]
-            positions = torch.arange(keep, prompt.shape[0], device=self._device)[None]
             # No attention_mask: the model builds its own causal mask (sdpa: is_causal) for a prompt,
-            # and for the rest of one behind kept positions, a causal mask over the cache.
-            out = self._model(input_ids=ids, position_ids=positions, use_cache=True,
-                              **{self._prefill_cache: cache}, **self._prefill_kwargs)
+            # and for the rest of one behind kept positions, a causal mask over the cache; that rest
+            # runs in chunks that keep its attention within a fresh prefill's (prefix_reuse.py).
+            for start in range(keep, prompt.shape[0], chunk):
+                end = min(start + chunk, prompt.shape[0])
+                ids = torch.from_numpy(prompt[start:end]).to(self._device, torch.long)[None]
+                positions = torch.arange(start, end, device=self._device)[None]
+                out = self._model(input_ids=ids, position_ids=positions, use_cache=True,
+                                  **{self._prefill_cache: cache}, **self._prefill_kwargs)
             result = self._to_host(_logits(out)[0, -1:], n_logits)
         self._expect_cache_length(cache, prompt.shape[0], "prefill")
         self._cache, self._n_past, self._prefix_reused = cache, int(prompt.shape[0]), keep
@@ -243,22 +248,15 @@ class HFVerifier:
         """How many leading tokens of `prompt` (int32[T]) a prefill would keep from the cache now
         (0 without reuse_prefix); changes nothing. A pool of verifiers can hand a request the one
         that holds most of its prompt."""
-        return self._shared_prefix(token_array("prompt", prompt, self._vocab_size))
+        prompt = token_array("prompt", prompt, self._vocab_size)
+        return reuse_plan(self._shared_prefix(prompt), prompt.shape[0])[0]
 
     def _shared_prefix(self, prompt: np.ndarray) -> int:
-        """How many leading tokens of `prompt` keep their cached KV (CommittedTokens): the shared
-        prefix where it is at least the rest of the prompt, else 0; 0 without reuse_prefix or a cache.
-
-        The rest runs behind the kept positions under an explicit causal mask, and attention under a
-        mask takes every (query, key) pair, where a fresh prefill's causal kernel skips the masked
-        half: rest x T pairs against T^2 / 2. With keep >= rest the reused prefill does no more of
-        either attention or Linear work than a fresh one, on any machine. Below that it can cost
-        more: a 3,000-token prompt keeping 24 took 11.9 s against a fresh 8.5 (SmolLM2, sdpa, 2-core
-        EPYC), where keeping 1,500 took 6.5."""
+        """How many leading tokens of `prompt` share the cached tokens (CommittedTokens, at most
+        T - 1); 0 without reuse_prefix or a cache. Whether a prefill keeps them: `reuse_plan`."""
         if not self._reuse_prefix or self._cache is None:
             return 0
-        keep = self._committed.shared_prefix(prompt, self._n_past)
-        return keep if keep >= prompt.shape[0] - keep else 0
+        return self._committed.shared_prefix(prompt, self._n_past)
 
     def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One forward over every node of `tree` (positions n_past + depths, tree-masked).
