@@ -6,7 +6,7 @@
   own reference documentation (the standard library's `pydoc_data.topics`): long prose with its
   source material in the prompt, where drafting from the prompt gains least.
 - Workloads where drafting pays, built from the above: `edit` (rewrite a HumanEval function with one
-  stated change), `agent` (requests sharing a JSON tool schema, answered with a JSON tool call),
+  stated change), `agent` (an agent session's requests: a JSON tool schema, the last calls, a new task),
   `extract` (JSON fields copied from a HumanEval function stub).
 """
 from __future__ import annotations
@@ -106,16 +106,62 @@ def edit_requests(n: int) -> list[str]:
     return requests
 
 
-def agent_requests(n: int) -> list[str]:
-    """A sequence of requests sharing one tool schema (JSON), each answered with a JSON tool call:
-    MT-Bench first turns as the users' tasks. SmolLM2-135M answers none of the first 10 with a tool
-    call (it writes prose or code about the task): on that model the set measures a shared schema
-    prefix with new answers, not an agent's repeated call shapes (docs/drafters.md, "Bounds")."""
+AGENT_HISTORY = 3   # earlier exchanges of the session that each agent request carries
+# MT-Bench's 80 questions come in 8 categories of 10 (writing, roleplay, reasoning, math, coding,
+# extraction, stem, humanities); the tool an agent would call for each
+_CATEGORY_TOOLS = ("write_file", "write_file", "run_python", "run_python", "run_python",
+                   "search_documentation", "search_documentation", "search_documentation")
+
+
+def agent_session(n: int) -> list[tuple[str, str]]:
+    """The first `n` (task, tool call) exchanges of an agent session: MT-Bench first turns taken
+    one category after another, each answered by a JSON call of its category's tool whose
+    arguments hold the task's first sentence (a written answer, the shape an agent's calls take)."""
+    questions = mtbench_first_turns()
+    if not 0 <= n <= len(questions):
+        raise InputError(f"n: expected 0 to {len(questions)} agent exchanges, got {n}")
+    exchanges = []
+    for i in range(n):
+        category = i % len(_CATEGORY_TOOLS)
+        task = questions[category * 10 + i // len(_CATEGORY_TOOLS)]
+        tool, gist = _CATEGORY_TOOLS[category], _first_sentence(task)
+        arguments = {"write_file": {"path": f"drafts/task_{i}.md", "content": gist},
+                     "run_python": {"code": f"# {gist}", "timeout_seconds": 30},
+                     "search_documentation": {"query": gist, "max_results": 3}}[tool]
+        exchanges.append((task, json.dumps({"tool": tool, "arguments": arguments})))
+    return exchanges
+
+
+def agent_requests(n: int) -> list[list[dict]]:
+    """An agent loop's requests: each chat is one system message with the tool schema (JSON), the
+    session's last AGENT_HISTORY exchanges (a task and the JSON tool call that answered it), then
+    the next task. As in an agent framework's loop, the schema and the call shapes come back request
+    after request; the answer is the next call. (A single message with the schema and a worked call
+    did not get a tool call from SmolLM2-135M; the session's turns do: docs/drafters.md.)"""
     schema = json.dumps(_AGENT_TOOLS, indent=1)
-    return [f"You are an assistant that acts only through tools. The tools, as JSON:\n{schema}\n\nTask: "
-            f"{question}\n\nReply with exactly one JSON object of the form {{\"tool\": \"<name>\", "
-            f"\"arguments\": {{...}}}} calling the most useful tool for the task, and nothing else."
-            for question in mtbench_first_turns()[:n]]
+    system = {"role": "system", "content": (
+        f"You are an assistant that acts only through tools. The tools, as JSON:\n{schema}\n\nReply to "
+        f"every task with exactly one JSON object of the form {{\"tool\": \"<name>\", \"arguments\": {{...}}}} "
+        f"calling the most useful tool for the task, and nothing else.")}
+    session = agent_session(n + AGENT_HISTORY)
+    chats = []
+    for k in range(n):
+        history = [message for task, call in session[k:k + AGENT_HISTORY]
+                   for message in (_user(f"Task: {task}"), {"role": "assistant", "content": call})]
+        chats.append([system, *history, _user(f"Task: {session[k + AGENT_HISTORY][0]}")])
+    return chats
+
+
+def _first_sentence(text: str, limit: int = 120) -> str:
+    """The text's first sentence, cut at a word boundary to at most `limit` characters."""
+    sentence = text.replace("\n", " ").split(". ")[0].split("? ")[0].strip()
+    if len(sentence) > limit:
+        sentence = sentence[:limit].rsplit(" ", 1)[0]
+    return sentence
+
+
+def _user(content: str) -> dict:
+    return {"role": "user", "content": content}
 
 
 def extract_requests(n: int) -> list[str]:
@@ -128,9 +174,11 @@ def extract_requests(n: int) -> list[str]:
             for problem in humaneval_problems()[:n]]
 
 
-def workload_requests(kind: str, n: int) -> list[str]:
-    """The first `n` chat messages of workload `kind` (WORKLOADS)."""
+def workload_requests(kind: str, n: int) -> list[list[dict]]:
+    """The first `n` chats of workload `kind` (WORKLOADS): lists of {"role", "content"} messages for
+    a chat template, the last one the user's request."""
     makers = {"edit": edit_requests, "agent": agent_requests, "extract": extract_requests}
     if kind not in makers:
         raise InputError(f"dataset: expected one of {list(WORKLOADS)}, got {kind!r}")
-    return makers[kind](n)
+    chats = makers[kind](n)
+    return [chat if isinstance(chat, list) else [_user(chat)] for chat in chats]

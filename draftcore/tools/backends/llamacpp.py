@@ -170,23 +170,26 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     elif dataset == "mtbench":
         ids = [_chat_ids(lib, llm, q) for q in mtbench_first_turns()[:n]]
     elif dataset in WORKLOADS:
-        ids = [_chat_ids(lib, llm, message) for message in workload_requests(dataset, n)]
+        ids = [_chat_ids(lib, llm, None, messages) for messages in workload_requests(dataset, n)]
     else:
         ids = [_chat_ids(lib, llm, r["message"])
                for r in pydoc_requests(lambda text: len(_chat_ids(lib, llm, text)), n)]
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
 
 
-def _chat_ids(lib, llm, question: str) -> list[int]:
+def _chat_ids(lib, llm, question: str | None, messages: list[dict] | None = None) -> list[int]:
+    """A user's question (or a whole chat, `messages`) through the GGUF's chat template."""
+    messages = messages or [{"role": "user", "content": question}]
     template = llm.metadata.get("tokenizer.chat_template")
     bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace") if llm.token_bos() >= 0 else ""
     if template:
         eos = llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
         text = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)(
-            messages=[{"role": "user", "content": question}]).prompt
+            messages=messages).prompt
     else:
-        text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        text += "<|im_start|>assistant\n"
     return llm.tokenize(text.encode("utf-8"), add_bos=not (bos and text.startswith(bos)), special=True)
 
 
