@@ -40,6 +40,22 @@ def test_a_genai_folder_shares_its_buffer_and_decodes_as_the_copying_path(folder
         np.testing.assert_array_equal(plain_greedy(shared, prompt, 24), plain_greedy(copying, prompt, 24))
 
 
+def test_a_shared_buffer_keeps_a_prefix_in_place_and_equals_the_copying_path(folders):
+    """A follow-up prompt (the conversation so far plus a message) keeps the buffer's rows of the
+    shared prefix where they are and runs only the rest; its logits and the greedy tokens after it
+    are the copying path's without reuse."""
+    _, genai, _ = folders
+    shared = OrtVerifier(genai, providers=CPU)
+    copying = OrtVerifier(genai, providers=CPU, share_buffer=False, reuse_prefix=False)
+    prompt = np.asarray(PROMPTS[2], np.int32)
+    first = plain_greedy(shared, prompt, 12)       # leaves the prompt and 11 committed tokens cached
+    follow_up = np.r_[prompt, first[:11], 300, 301, 302, 303].astype(np.int32)
+    logits = shared.prefill(follow_up, 1)[1]
+    assert shared.prefix_reused == len(prompt) + 11
+    np.testing.assert_allclose(logits, copying.prefill(follow_up, 1)[1], atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(plain_greedy(shared, follow_up, 24), plain_greedy(copying, follow_up, 24))
+
+
 @pytest.mark.parametrize("drafter", ["trie", "composite"])
 def test_speculation_over_a_shared_buffer_equals_plain_greedy(folders, drafter):
     _, genai, _ = folders

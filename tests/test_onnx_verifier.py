@@ -277,3 +277,68 @@ def test_a_genai_graph_with_a_symbolic_head_size_needs_its_config(tmp_path):
         shutil.copy(folder / name, alone / name)
     with pytest.raises(ConfigError, match="symbolic head dimension"):
         OrtVerifier(alone / "model.onnx", providers=CPU, max_context=64)
+
+
+def test_a_prefill_keeps_the_prefix_shared_with_the_cache_and_equals_a_fresh_one(exported, model):
+    """reuse_prefix (default): the next prompt's prefix shared with the committed tokens (prompt,
+    then accepted paths) keeps its KV, only the rest runs, and the logits are a fresh prefill's; a
+    prompt that differs at once, or reuse_prefix=False, keeps nothing."""
+    verifier, fresh = OrtVerifier(exported, providers=CPU), OrtVerifier(exported, providers=CPU, reuse_prefix=False)
+    rng = np.random.default_rng(4)
+    first = rng.integers(2, 256, 60).astype(np.int32)
+    verifier.prefill(first)
+    assert verifier.prefix_reused == 0
+    tree = DraftTree.build(rng.integers(2, 256, 5), [-1, 0, 1, 0, 3])
+    verifier.verify(tree)
+    verifier.commit(np.array([0, 3, 4], np.int32))          # a branch: gathered, in path order
+    committed = np.r_[first, tree.tokens[[0, 3, 4]]].astype(np.int32)
+    prompt = np.r_[committed, rng.integers(2, 256, 90)].astype(np.int32)   # a rest longer than the prefix
+    assert verifier.cached_prefix(prompt) == len(committed) and verifier.n_past == len(committed)
+    runs = verifier.runs
+    tokens, logits = verifier.prefill(prompt, 1)
+    assert verifier.prefix_reused == len(committed) and verifier.n_past == len(prompt) and verifier.runs == runs + 1
+    want_tokens, want = fresh.prefill(prompt, 1)
+    assert fresh.prefix_reused == 0
+    np.testing.assert_allclose(logits, want, atol=1e-5, rtol=0)
+    assert tokens[0] == want_tokens[0]
+    np.testing.assert_allclose(logits[0], torch_logits(model, prompt)[-1], atol=1e-4, rtol=0)
+    after = DraftTree.build(rng.integers(2, 256, 4), [-1, 0, 0, 2])   # trees after it see the new prompt
+    np.testing.assert_allclose(verifier.verify(after, 4)[1], fresh.verify(after, 4)[1], atol=1e-5, rtol=0)
+    verifier.prefill(np.r_[(prompt[0] + 1) % 256, prompt[1:]].astype(np.int32))
+    assert verifier.prefix_reused == 0
+    with pytest.raises(ConfigError, match="reuse_prefix: expected True or False, got 'yes'"):
+        OrtVerifier(exported, providers=CPU, self_check=False, reuse_prefix="yes")
+
+
+def test_a_failed_reused_prefill_leaves_an_empty_verifier(exported, monkeypatch):
+    verifier = OrtVerifier(exported, providers=CPU)
+    prompt = np.arange(2, 40, dtype=np.int32)
+    verifier.prefill(prompt)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(verifier, "_forward", fail)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        verifier.prefill(np.r_[prompt, 5].astype(np.int32))
+    monkeypatch.undo()
+    assert verifier.n_past == 0 and verifier.prefix_reused == 0 and verifier.cached_prefix(np.r_[prompt, 5]) == 0
+    with pytest.raises(InputError, match="before prefill"):
+        verifier.verify(DraftTree.root_only(3))
+
+
+def test_chain_mode_keeps_a_shared_prefix_too(model, tmp_path):
+    """A 2-D-mask graph runs the rest behind kept positions under its causal mask: the same logits
+    as a fresh prefill, and speculation after it equals plain decoding."""
+    path = export_2d_mask_graph(model, tmp_path)
+    chain = OrtVerifier(path, providers=CPU, max_context=512)
+    fresh = OrtVerifier(path, providers=CPU, max_context=512, reuse_prefix=False)
+    prompt = np.asarray(PROMPTS[2], np.int32)
+    want = plain_greedy(fresh, prompt, 30)
+    chain.prefill(prompt)
+    follow_up = np.r_[prompt, want[:10], 7, 8, 9].astype(np.int32)
+    chain.verify(DraftTree.chain(int(want[0]), want[1:10]))
+    chain.commit(np.arange(10, dtype=np.int32))
+    logits = chain.prefill(follow_up, 1)[1]
+    assert chain.prefix_reused == len(prompt) + 10
+    np.testing.assert_allclose(logits, fresh.prefill(follow_up, 1)[1], atol=1e-5, rtol=0)

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from draftcore.checks import check_n_logits, check_path, check_tree
+from draftcore.committed_tokens import CommittedTokens
 from draftcore.errors import BackendError, ConfigError, InputError, describe
 from draftcore.tree import DraftTree
-from draftcore.validate import positive_int, token_array
+from draftcore.validate import flag, positive_int, token_array
 
 from . import graph
 from .kv import RowGather, SharedCache, empty_cache
@@ -66,11 +67,21 @@ class OrtVerifier:
     share_buffer: bind one KV buffer as past and present (chain mode only). None (default): on when
         the folder's genai_config.json says `past_present_share_buffer` (onnxruntime-genai models).
         The self-check compares it with the copying path before it is trusted.
+    reuse_prefix: True (default): `prefill` keeps the cached KV of the longest prefix the new prompt
+        shares with the tokens in the cache (the last request's prompt and what was committed after
+        it) and runs only the rest, as HFVerifier does: a shared system prompt or tool schema, or a
+        chat's earlier turns, is computed once. Either kind of graph runs a prompt under its mask as
+        it runs the rest behind kept positions, so keeping a prefix never adds attention work.
+        `prefix_reused` says how many tokens the last prefill kept. False: every prefill runs the
+        whole prompt.
     """
 
     def __init__(self, model, *, providers=None, session_options=None, max_context: int | None = None,
-                 self_check: bool = True, tokenizer=None, share_buffer: bool | None = None):
+                 self_check: bool = True, tokenizer=None, share_buffer: bool | None = None,
+                 reuse_prefix: bool = True):
         import onnxruntime as ort
+
+        self._reuse_prefix = flag("reuse_prefix", reuse_prefix)
 
         self._ort = ort
         session, folder = _open(ort, model, providers, session_options)
@@ -95,10 +106,12 @@ class OrtVerifier:
             self._shared = SharedCache(ort, 2 * iface.n_layers, iface.kv_heads, self._head_dim, iface.kv_dtype,
                                        session.get_providers(), self._device, self._device_id, self._max_context)
         self._use_shared = self._shared is not None
+        self._committed = CommittedTokens(self._max_context)   # the cache's tokens (what a prefill may keep)
         self._runs = 0
         self.reset()
         if self_check:
             self._self_check()
+            self.reset()   # the check's sequence is not the caller's to reuse
         self._runs = 0   # the self-check's runs are not the caller's
 
     # ---------------------------------------------------------------- protocol attributes
@@ -143,11 +156,37 @@ class OrtVerifier:
         prompt = token_array("prompt", prompt, self._vocab_size)
         if prompt.shape[0] > self._max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
-        self.reset()
-        chain = DraftTree.chain(int(prompt[0]), prompt[1:])
-        tokens, logits, presents = self._forward(chain, want_rows=(chain.tokens.shape[0] - 1, n_logits))
-        self._cache, self._n_past = presents, int(prompt.shape[0])
+        keep = self._shared_prefix(prompt)
+        kept = None
+        if keep and not self._use_shared:   # a shared buffer keeps its rows where they are
+            kept = self._gather.keep(self._cache, np.arange(keep, dtype=np.int64))
+        self.reset()   # before the run: a failing one leaves an empty verifier, not a cut one
+        chain = DraftTree.chain(int(prompt[keep]), prompt[keep + 1:])
+        self._cache, self._n_past = kept, keep
+        try:
+            tokens, logits, presents = self._forward(chain, want_rows=(chain.tokens.shape[0] - 1, n_logits))
+        except BaseException:
+            self.reset()
+            raise
+        self._cache, self._n_past, self._prefix_reused = presents, int(prompt.shape[0]), keep
+        self._committed.record(prompt[keep:], keep)
         return tokens[-1:], logits
+
+    @property
+    def prefix_reused(self) -> int:
+        """Prompt tokens whose cached KV the last `prefill` kept (reuse_prefix), 0 for a fresh one."""
+        return self._prefix_reused
+
+    def cached_prefix(self, prompt) -> int:
+        """How many leading tokens of `prompt` (int32[T]) a prefill would keep now; changes nothing."""
+        return self._shared_prefix(token_array("prompt", prompt, self._vocab_size))
+
+    def _shared_prefix(self, prompt: np.ndarray) -> int:
+        """Leading tokens of `prompt` that equal the cached ones (at most T - 1: the last position's
+        logits need a run); 0 without reuse_prefix or a sequence."""
+        if not self._reuse_prefix or self._n_past == 0:
+            return 0
+        return self._committed.shared_prefix(prompt, self._n_past)
 
     def verify(self, tree: DraftTree, n_logits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One run over every node of `tree` (tree mode) or over a chain (chain mode: a branching
@@ -185,12 +224,13 @@ class OrtVerifier:
         else:
             rows = np.concatenate([np.arange(self._n_past, dtype=np.int64), self._n_past + path.astype(np.int64)])
             self._cache = self._gather.keep(presents, rows)
+        self._committed.record(tree.tokens[path], self._n_past)
         self._n_past += k
         self._pending = None
 
     def reset(self) -> None:
         """Forget the sequence: empty cache, n_past 0, no pending tree."""
-        self._cache, self._n_past, self._pending = None, 0, None
+        self._cache, self._n_past, self._pending, self._prefix_reused = None, 0, None, 0
 
     # ---------------------------------------------------------------- text
 

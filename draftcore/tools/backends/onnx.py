@@ -23,6 +23,9 @@ Methods (all greedy; the first named is the baseline):
                      draftcore.speculate on the genai-built model in chain mode (one branch a step)
     gqa_trie, gqa_composite, gqa_nodraft, ...
                      draftcore.speculate in tree mode on the rewired genai model
+The plain loops run every prompt whole (reuse_prefix=False), as ORT greedy decoding does; each
+draftcore method has its own verifier, whose prefill keeps the prefix its own previous request left
+cached (reuse_prefix), as one server's would, never another method's run of the same prompt.
 Steps are model runs: draftcore's count its verifier's runs; onnxruntime-genai's n-gram method
 counts its target forward passes (verify and re-anchor) plus its plain steps.
 """
@@ -90,18 +93,19 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
                           f"not installed (pip install 'draftcore[onnx-genai]')")
     verifiers = {}
 
-    def verifier(kind):
-        if kind not in verifiers:
+    def verifier(kind, owner=None):
+        """The session of `kind` for plain decoding (owner None: every prefill runs the whole prompt,
+        as ORT greedy decoding does), or a method's own (owner: its label), whose prefill keeps only
+        the prefix its own previous request left cached (reuse_prefix), never another method's run
+        of the same prompt."""
+        if (kind, owner) not in verifiers:
             folder = {"tree": models.tree_dir, "chain": models.genai_dir, "gqa": models.gqa_tree_dir}[kind]
-            verifiers[kind] = OrtVerifier(folder, providers=models.providers)
-        return verifiers[kind]
-
-    def runs(kind):
-        return lambda: verifier(kind).runs
+            verifiers[kind, owner] = OrtVerifier(folder, providers=models.providers, reuse_prefix=owner is not None)
+        return verifiers[kind, owner]
 
     def speculative(label, kind, budget, drafter="trie"):
-        return bench_method(label, verifier(kind), budget, eos_token_id=eos, count_forwards=runs(kind),
-                            drafter=drafter)
+        own = verifier(kind, label)
+        return bench_method(label, own, budget, eos_token_id=eos, count_forwards=lambda: own.runs, drafter=drafter)
 
     table = {
         "plain": lambda: Method("plain greedy (ORT, tree export's session)",
@@ -112,8 +116,7 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
                                     lambda p, n: plain_greedy_run(verifier("gqa"), p, n, eos)),
         "genai": lambda: _genai_method(models.genai_dir, eos, ngram=False),
         "genai_ngram": lambda: _genai_method(models.genai_dir, eos, ngram=True),
-        "bare": lambda: bare_call_method("draftcore bare call (tree)", verifier("tree"), eos_token_id=eos,
-                                         count_forwards=runs("tree")),
+        "bare": lambda: _bare_method(verifier("tree", "bare"), eos),
         "nodraft": lambda: speculative("draftcore, no drafts (tree)", "tree", lambda: 0),
         "chain_nodraft": lambda: speculative("draftcore, no drafts (chain)", "chain", lambda: 0),
         "gqa_nodraft": lambda: speculative("draftcore, no drafts (tree, rewired genai)", "gqa", lambda: 0),
@@ -134,10 +137,15 @@ def make_methods(models: OnnxModels, tokenizer=None, names=METHODS, eos_token_id
     return [table[n]() for n in names]
 
 
+def _bare_method(verifier: OrtVerifier, eos) -> Method:
+    return bare_call_method("draftcore bare call (tree)", verifier, eos_token_id=eos,
+                            count_forwards=lambda: verifier.runs)
+
+
 def plain_greedy(models: OnnxModels, tokenizer, prompt_ids, max_new_tokens, eos_token_id=None) -> np.ndarray:
     """The reference output: greedy decoding on the tree export's session, one token per run."""
     eos = list(np.atleast_1d(eos_token_id)) if eos_token_id is not None else models.eos_ids
-    return plain_greedy_run(OrtVerifier(models.tree_dir, providers=models.providers), prompt_ids,
+    return plain_greedy_run(OrtVerifier(models.tree_dir, providers=models.providers, reuse_prefix=False), prompt_ids,
                             max_new_tokens, eos).tokens
 
 
