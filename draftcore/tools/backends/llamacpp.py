@@ -170,16 +170,16 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     elif dataset == "mtbench":
         ids = [_chat_ids(lib, llm, q) for q in mtbench_first_turns()[:n]]
     elif dataset in WORKLOADS:
-        ids = [_chat_ids(lib, llm, None, messages) for messages in workload_requests(dataset, n)]
+        ids = [_chat_ids(lib, llm, messages) for messages in workload_requests(dataset, n)]
     else:
         ids = [_chat_ids(lib, llm, r["message"])
                for r in pydoc_requests(lambda text: len(_chat_ids(lib, llm, text)), n)]
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
 
 
-def _chat_ids(lib, llm, question: str | None, messages: list[dict] | None = None) -> list[int]:
-    """A user's question (or a whole chat, `messages`) through the GGUF's chat template."""
-    messages = messages or [{"role": "user", "content": question}]
+def _chat_ids(lib, llm, request: str | list[dict]) -> list[int]:
+    """A user's question (str) or a whole chat (a list of messages) through the GGUF's chat template."""
+    messages = [{"role": "user", "content": request}] if isinstance(request, str) else request
     template = llm.metadata.get("tokenizer.chat_template")
     bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace") if llm.token_bos() >= 0 else ""
     if template:

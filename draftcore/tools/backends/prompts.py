@@ -30,10 +30,10 @@ def load_tokenizer(model_path: str | None = None):
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     """The first `n` prompts of `dataset` (DATASETS) as `tokenizer` encodes them."""
-    def chat(message, messages=None):
-        """A user message (or a whole chat, `messages`) through the tokenizer's chat template."""
-        return tokenizer.apply_chat_template(messages or [{"role": "user", "content": message}],
-                                             add_generation_prompt=True, tokenize=True, return_dict=False)
+    def chat(request):
+        """A user message (str) or a whole chat (a list of messages) through the chat template."""
+        messages = [{"role": "user", "content": request}] if isinstance(request, str) else request
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
     if dataset == "humaneval":
         texts = [p["prompt"] for p in humaneval_problems()[:n]]
@@ -43,7 +43,7 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     elif dataset == "pydoc":
         ids = [chat(r["message"]) for r in pydoc_requests(lambda text: len(chat(text)), n)]
     elif dataset in WORKLOADS:
-        ids = [chat(None, messages) for messages in workload_requests(dataset, n)]
+        ids = [chat(messages) for messages in workload_requests(dataset, n)]
     else:
         raise InputError(f"dataset: expected one of {list(DATASETS)}, got {dataset!r}")
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
