@@ -11,9 +11,11 @@ from draftcore.tools import cli
 from draftcore.tools.bench import (FLOOR, Method, Prompt, Run, bare_call_method, draftcore_method, format_table,
                                    kernel_choices, run_benchmark, summarize, summary_table, with_control,
                                    write_outputs)
+from draftcore.tools.datasets import WORKLOADS
 from draftcore.tools.traces import read_traces
 
 REPO_TRACES = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "smollm2_greedy_traces.jsonl.gz")
+WORKLOAD_TRACES = os.path.join(os.path.dirname(REPO_TRACES), "smollm2_workload_traces.jsonl.gz")
 
 
 def _fake_method(name, seconds_per_token, corrupt_at=None):
@@ -276,6 +278,23 @@ def _benchmark_script(name):
     return module
 
 
+@pytest.mark.parametrize("path, datasets", [(REPO_TRACES, ("humaneval", "mtbench")), (WORKLOAD_TRACES, WORKLOADS)])
+def test_recorded_traces_hold_the_prompts_the_datasets_build_today(path, datasets):
+    """benchmarks/data's traces are replayed as those datasets (replay, budget_sim.py,
+    drafting_bounds.py): their prompts must be the ones the datasets module builds now, token for
+    token, or a changed dataset (as the agent set became a session) leaves the replays measuring
+    the old one."""
+    pytest.importorskip("transformers")
+    from draftcore.tools.backends.prompts import load_prompts, load_tokenizer
+    tokenizer = load_tokenizer()
+    traces = read_traces(path)
+    assert sorted({t.dataset for t in traces}) == sorted(datasets)
+    for dataset in datasets:
+        recorded = [t.prompt_ids for t in traces if t.dataset == dataset]
+        for trace_ids, prompt in zip(recorded, load_prompts(tokenizer, dataset, len(recorded)), strict=True):
+            np.testing.assert_array_equal(np.asarray(trace_ids), prompt.ids, err_msg=f"{dataset} {prompt.idx}")
+
+
 def test_floor_prompts_have_the_asked_context_length_and_no_shared_text():
     """benchmarks/floor.py's prompts: about `context` tokens each (the chat template included), cut
     from different parts of the documentation."""
@@ -335,3 +354,23 @@ def test_vllm_rounds_split_every_prompt_once_and_merge_back_in_order():
     assert fast["mtbench"]["proposer"] == {"steps": 20, "seconds": 1.0, "paused_steps": 5}
     assert plain["mtbench"]["proposer"]["paused_steps"] is None
     assert bench.by_round(fast["mtbench"], plain["mtbench"]) == "2.00x / 1.00x"
+
+
+def test_end_to_end_bound_adds_the_prefill_to_the_copy_oracle_s_decode_at_each_request_s_costs():
+    """benchmarks/end_to_end_bound.py's bound: plain seconds over (the measured prefill + the copy
+    oracle's fastest decode at that request's own chain costs). The second request's output was the
+    first's: at flat costs it decodes in 2 steps ("9" alone, then the copied "2 3 4" and the model's
+    7); the frequent-token family can only be faster. A bound that left out the prefill, or priced a
+    request at another's costs, fails here."""
+    from draftcore.tools.traces import Trace
+    bound = _benchmark_script("end_to_end_bound")
+    traces = [Trace("d", 0, np.array([1, 2, 3, 4], np.int32), np.array([9, 2, 3, 4, 7], np.int32)),
+              Trace("d", 1, np.array([5, 6], np.int32), np.array([9, 2, 3, 4, 7], np.int32))]
+    requests = [{"plain_s": 1.0, "prefill_s": 0.2, "chain_ms": {1: 100.0, 8: 100.0}},
+                {"plain_s": 1.0, "prefill_s": 0.3, "chain_ms": {1: 50.0, 8: 50.0}}]
+    bound.add_bounds(requests, traces, frequent=64)
+    assert requests[0]["bound_copy_s"] == pytest.approx(0.2 + 3 * 0.1)   # "9", "2", "3 4" + 7: 3 steps
+    assert requests[1]["bound_copy_s"] == pytest.approx(0.3 + 2 * 0.05)
+    assert requests[1]["bound_copy"] == pytest.approx(1.0 / 0.4)
+    for r in requests:
+        assert r["bound_copy_or_frequent"] >= r["bound_copy"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from draftcore import ConfigError, InputError, TrieDrafter
-from draftcore.tools.bounds import (_fastest_decode, chain_bound, copy_bound, copy_or_frequent_bound,
-                                    copy_speedup_bound)
+from draftcore.tools.bounds import (_fastest_decode, chain_bound, copy_bound, copy_decode_seconds,
+                                    copy_or_frequent_bound, copy_speedup_bound)
 from draftcore.tools.cost_model import CostModel
 from draftcore.tools.peers import PromptLookupDrafter
 from draftcore.tools.replay import replay
@@ -102,6 +102,29 @@ def test_copy_speedup_bound_drafts_only_where_it_pays():
     assert copy_speedup_bound([t], CostModel({1: 1.0, 3: 2.0})) == {"d": pytest.approx(5 / 4)}
     # where 2 nodes cost less than 1 (a GEMM against a GEMV), a step carries a node it does not need
     assert copy_speedup_bound([t], CostModel({1: 2.0, 2: 1.0, 3: 1.0})) == {"d": pytest.approx(10 / 3)}
+
+
+def test_copy_decode_seconds_prices_each_trace_at_its_own_costs():
+    """Per trace: (one-token steps, fastest decode), each at its own cost table, later traces seeing
+    the earlier ones."""
+    first = trace([1, 2, 3, 4], [9, 2, 3, 4, 7])   # copies 2 tokens in one step (5 tokens, 3 steps)
+    second = trace([5, 6], [9, 2, 3, 4, 7], idx=1)  # the same output: copies it from the first trace
+    cheap, dear = CostModel({1: 1.0, 5: 1.0}), CostModel({1: 2.0, 2: 3.0, 3: 5.0, 5: 10.0})   # ms
+    (plain_1, best_1), (plain_2, best_2) = (tuple(1e3 * t for t in pair) for pair in
+                                            copy_decode_seconds([first, second], [cheap, dear]))
+    assert (plain_1, best_1) == (pytest.approx(5.0), pytest.approx(3.0))
+    # "9" follows nothing seen ("6 9" is new): one token alone (2 ms); then "2 3 4" could be copied
+    # from the first trace, but at dear costs two steps of 2 nodes (3 ms each) beat one of 4
+    # (7.5 ms): 2 + 3 + 3 = 8 ms, against 10 ms one token at a time
+    assert plain_2 == pytest.approx(10.0) and best_2 == pytest.approx(8.0)
+    # at the first trace's flat costs the copy runs whole: "9" alone, then "2 3 4" and the model's 7
+    assert copy_decode_seconds([first, second], [cheap, cheap])[1][1] == pytest.approx(2e-3)
+    # the same two traces at one table agree with copy_speedup_bound's per-dataset total
+    both = copy_decode_seconds([first, second], [cheap, cheap])
+    assert sum(p for p, _ in both) / sum(b for _, b in both) == pytest.approx(
+        copy_speedup_bound([first, second], cheap)["d"])
+    with pytest.raises(InputError, match="costs: expected one per trace"):
+        copy_decode_seconds([first, second], [cheap])
 
 
 def _slowest_search(longest, seconds):

@@ -33,6 +33,7 @@ class Run:
     budgets: dict = field(default_factory=dict)
     lookahead_nodes: int = 0     # lookahead-window nodes verified over the run (jacobi, composite)
     prefix_reused: int = 0       # prompt tokens whose cached KV the prefill kept (HFVerifier's reuse_prefix)
+    prefill_seconds: float = 0.0  # of `seconds`, the prefill's (draftcore methods)
 
 
 @dataclass
@@ -169,7 +170,7 @@ def _speculate_run(verifier, prompt_ids, max_new_tokens, count_forwards, **optio
     st = result.stats
     steps = count_forwards() - before if count_forwards else st.steps
     return Run(result.tokens, st.time_total, steps, st.time_drafting, dict(st.budget_hist), st.lookahead_nodes,
-               getattr(verifier, "prefix_reused", 0))
+               getattr(verifier, "prefix_reused", 0), st.time_prefill)
 
 
 def _next_seed(sampling, seeds):
@@ -238,6 +239,7 @@ def _run_round(methods, prompts, max_new_tokens: int, warmup: int, progress, shi
                 "budgets": {int(k): int(v) for k, v in run.budgets.items()},
                 "lookahead_nodes": int(run.lookahead_nodes),
                 "prefix_reused": int(run.prefix_reused),
+                "prefill_seconds": float(run.prefill_seconds),
             })
         if progress is not None:
             progress(prompt)

@@ -32,7 +32,9 @@ steps, the longest draft is not the fastest. So
 takes, at every step, the draft length that makes the whole output fastest (a dynamic program
 over the output's positions: what can be copied at a position depends only on the text before it,
 not on the steps that reached it), and returns {dataset: speedup}, comparable with
-`replay(..., cost=cost)[dataset].speedup`. A target above it cannot be met on that machine by any
+`replay(..., cost=cost)[dataset].speedup`. `copy_decode_seconds(traces, costs)` gives the same per
+trace, each at its own costs (a request's context sets them): benchmarks/end_to_end_bound.py adds
+the measured prefill and plain times, for a bound on the speedup a user sees. A target above it cannot be met on that machine by any
 drafter that copies from the context (a trie, prompt lookup, suffix decoding), however good.
 """
 from __future__ import annotations
@@ -72,15 +74,33 @@ def copy_speedup_bound(traces, cost, *, frequent: int = 0, max_draft: int = 64) 
     of copy_bound's family (with `frequent` > 0, copy_or_frequent_bound's with k = frequent), where
     a verify of n nodes takes cost.seconds(n) (`cost`: a CostModel, a built-in table's name or a
     table "nodes:ms,..."; module docstring)."""
+    traces = list(traces)
     cost = CostModel.named(cost)
-    frequent = positive_int("frequent", frequent, minimum=0)
-    traces, max_draft = _checked(traces, max_draft)
-    # A forward of n nodes may carry more nodes where more cost less (a CPU's GEMM against its GEMV).
-    seconds = np.array([cost.seconds(n) for n in range(1, max_draft + 2)])
-    fastest = np.minimum.accumulate(seconds[::-1])[::-1]   # fastest[d]: a root and d drafted tokens
-    oracle = _CopyOracle(1, frequent)
     totals: dict[str, list[float]] = {}
-    for trace in traces:
+    for trace, (plain, best) in zip(traces, copy_decode_seconds(traces, [cost] * len(traces),
+                                                                frequent=frequent, max_draft=max_draft)):
+        total = totals.setdefault(trace.dataset, [0.0, 0.0])
+        total[0] += plain
+        total[1] += best
+    return {dataset: plain / best for dataset, (plain, best) in totals.items()}
+
+
+def copy_decode_seconds(traces, costs, *, frequent: int = 0, max_draft: int = 64) -> list[tuple[float, float]]:
+    """Per trace, (seconds of one-token steps, seconds of the fastest decode by the best drafter of
+    copy_speedup_bound's family), trace i's verify of n nodes taking costs[i].seconds(n): each
+    request may run at its own context, so at its own costs (benchmarks/end_to_end_bound.py measures
+    them per request). Later traces see the earlier ones, as in every bound here."""
+    traces, max_draft = _checked(traces, max_draft)
+    frequent = positive_int("frequent", frequent, minimum=0)
+    costs = [CostModel.named(cost) for cost in costs]
+    if len(costs) != len(traces):
+        raise InputError(f"costs: expected one per trace ({len(traces)}), got {len(costs)}")
+    oracle = _CopyOracle(1, frequent)
+    results = []
+    for trace, cost in zip(traces, costs):
+        # A forward of n nodes may carry more nodes where more cost less (a CPU's GEMM against its GEMV).
+        seconds = np.array([cost.seconds(n) for n in range(1, max_draft + 2)])
+        fastest = np.minimum.accumulate(seconds[::-1])[::-1]   # fastest[d]: a root and d drafted tokens
         prompt, output = [int(t) for t in trace.prompt_ids], [int(t) for t in trace.output_ids]
         oracle.start(prompt)
         longest = []   # longest[p]: the most tokens a step at output position p can draft and have accepted
@@ -88,10 +108,8 @@ def copy_speedup_bound(traces, cost, *, frequent: int = 0, max_draft: int = 64) 
             longest.append(oracle.draft(output, position, min(max_draft, len(output) - 1 - position)))
             oracle.accept(output[position:position + 1])
         oracle.finish()
-        total = totals.setdefault(trace.dataset, [0.0, 0.0])
-        total[0] += len(output) * seconds[0]
-        total[1] += _fastest_decode(longest, fastest)
-    return {dataset: plain / best for dataset, (plain, best) in totals.items()}
+        results.append((len(output) * float(seconds[0]), _fastest_decode(longest, fastest)))
+    return results
 
 
 def _fastest_decode(longest: list[int], fastest: np.ndarray) -> float:
