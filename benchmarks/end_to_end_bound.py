@@ -89,6 +89,8 @@ def main():
     ap.add_argument("--frequent", type=int, default=64,
                     help="the second bound's k: a step may also draft one of the k most frequent tokens")
     args = ap.parse_args()
+    if not 0 <= args.warmup < args.n:
+        ap.error(f"--warmup: expected 0 <= warmup < --n ({args.n}) so that a request is measured, got {args.warmup}")
     sizes = [int(s) for s in args.sizes.split(",")]
 
     model, tokenizer = hf.load_model(None)

@@ -32,10 +32,11 @@ steps, the longest draft is not the fastest. So
 takes, at every step, the draft length that makes the whole output fastest (a dynamic program
 over the output's positions: what can be copied at a position depends only on the text before it,
 not on the steps that reached it), and returns {dataset: speedup}, comparable with
-`replay(..., cost=cost)[dataset].speedup`. `copy_decode_seconds(traces, costs)` gives the same per
-trace, each at its own costs (a request's context sets them): benchmarks/end_to_end_bound.py adds
-the measured prefill and plain times, for a bound on the speedup a user sees. A target above it cannot be met on that machine by any
+`replay(..., cost=cost)[dataset].speedup`. A target above it cannot be met on that machine by any
 drafter that copies from the context (a trie, prompt lookup, suffix decoding), however good.
+`copy_decode_seconds(traces, costs)` gives the same per trace, each at its own costs (a request's
+context sets them): benchmarks/end_to_end_bound.py adds the measured prefill and plain times, for a
+bound on the speedup a user sees.
 """
 from __future__ import annotations
 
@@ -96,11 +97,15 @@ def copy_decode_seconds(traces, costs, *, frequent: int = 0, max_draft: int = 64
     if len(costs) != len(traces):
         raise InputError(f"costs: expected one per trace ({len(traces)}), got {len(costs)}")
     oracle = _CopyOracle(1, frequent)
+    priced: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # id(cost) -> (seconds, fastest): each table once
     results = []
     for trace, cost in zip(traces, costs):
-        # A forward of n nodes may carry more nodes where more cost less (a CPU's GEMM against its GEMV).
-        seconds = np.array([cost.seconds(n) for n in range(1, max_draft + 2)])
-        fastest = np.minimum.accumulate(seconds[::-1])[::-1]   # fastest[d]: a root and d drafted tokens
+        if id(cost) not in priced:
+            # A forward of n nodes may carry more nodes where more cost less (a CPU's GEMM against its GEMV).
+            seconds = np.array([cost.seconds(n) for n in range(1, max_draft + 2)])
+            # fastest[d]: a root and d drafted tokens
+            priced[id(cost)] = seconds, np.minimum.accumulate(seconds[::-1])[::-1]
+        seconds, fastest = priced[id(cost)]
         prompt, output = [int(t) for t in trace.prompt_ids], [int(t) for t in trace.output_ids]
         oracle.start(prompt)
         longest = []   # longest[p]: the most tokens a step at output position p can draft and have accepted
