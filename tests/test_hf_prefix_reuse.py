@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import draftcore  # noqa: E402
 from draftcore import ConfigError, DraftTree  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
-from draftcore.adapters.torch_hf.prefix_reuse import MIN_CHUNK, reuse_plan  # noqa: E402
+from draftcore.adapters.torch_hf.prefix_reuse import FORWARD_ROWS, attention_pairs_per_row, reuse_plan  # noqa: E402
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 from test_hf_verifier import FP32_ATOL, assert_same_greedy, generate_greedy, smollm2  # noqa: E402,F401
@@ -60,8 +60,10 @@ def test_prefill_keeps_exactly_the_shared_committed_prefix(models, attn):
         (np.r_[committed, 7, 8, 9], len(committed)),          # the whole sequence, then new tokens
         (committed[:25], 24),                                  # a prefix of it: the last token runs
         (np.r_[committed[:30], (committed[30] + 1) % verifier.vocab_size, committed[31:]], 30),
-        # shared, but less than the rest of the prompt: a fresh prefill (HFVerifier._shared_prefix)
-        (np.r_[committed[:17], (committed[17] + 1) % verifier.vocab_size, committed[18:]], 0),
+        # shared, less than the rest of the prompt, still cheaper than a fresh prefill (reuse_plan)
+        (np.r_[committed[:17], (committed[17] + 1) % verifier.vocab_size, committed[18:]], 17),
+        # 2 kept would save less Linear work than attending under a mask costs: a fresh prefill
+        (np.r_[committed[:2], (committed[2] + 1) % verifier.vocab_size, committed[3:]], 0),
         (np.r_[(committed[0] + 1) % verifier.vocab_size, committed[1:]], 0),   # differs at once
     ]
     for prompt, shared in cases:
@@ -269,47 +271,90 @@ def _pairs(keep: int, length: int, chunk: int) -> int:
                for end in [min(start + chunk, length)])
 
 
-def test_a_reuse_plan_never_costs_more_attention_than_a_fresh_prefill():
-    """Over every split of prompts up to 600 tokens: a plan keeps the whole shared prefix or
-    nothing; what it keeps runs in chunks of at least MIN_CHUNK (or one chunk, where the rest is no
-    longer than the kept prefix) whose attention pairs are at most a fresh prefill's; and a rest
-    behind a prefix at least as long is always reused, in one forward."""
-    reused = 0
-    for length in range(2, 601, 7):
-        for shared in range(0, length):
-            keep, chunk = reuse_plan(shared, length)
+def _price(keep: int, length: int, chunk: int, pairs_per_row: float) -> float:
+    """A plan's price in rows of Linear work, computed here apart from prefix_reuse.plan_cost: rows
+    run, attention pairs over pairs_per_row, FORWARD_ROWS per forward."""
+    rows = length if keep == 0 else length - keep
+    forwards = 1 if keep == 0 else -(-(length - keep) // chunk)
+    return rows + _pairs(keep, length, chunk) / pairs_per_row + FORWARD_ROWS * forwards
+
+
+SMOLLM2_PAIRS_PER_ROW = 1536.0   # by hand below: SmolLM2-135M's layer weights / (4 * 9 heads * 64)
+
+
+@pytest.mark.parametrize("pairs_per_row", [144.0, SMOLLM2_PAIRS_PER_ROW, 26_000.0])
+def test_a_reuse_plan_is_the_cheapest_priced_plan(pairs_per_row):
+    """Over splits of prompts up to 600 tokens, at the tiny Llama's, SmolLM2's and an
+    8B-sized model's ratio: a plan keeps the whole shared prefix or nothing; it costs no more than a
+    fresh prefill nor than the rest in 1 to 16 even chunks; a rest behind a prefix at least
+    as long is always kept."""
+    reused = chunked = 0
+    for length in range(2, 601, 11):
+        for shared in range(0, length, 3):
+            keep, chunk = reuse_plan(shared, length, pairs_per_row)
             rest = length - shared
             assert keep in (0, shared) and chunk >= 1
-            if keep == 0:
-                assert chunk == length
+            price = _price(keep, length, chunk, pairs_per_row)
+            assert price <= _price(0, length, length, pairs_per_row), (shared, length, chunk)
+            if shared == 0:
+                assert (keep, chunk) == (0, length)
                 continue
-            reused += rest > shared
-            assert chunk == rest if rest <= shared else MIN_CHUNK <= chunk < rest
-            assert _pairs(keep, length, chunk) <= _pairs(0, length, length), (shared, length, chunk)
+            for chunks in range(1, min(rest, 16) + 1):
+                assert price <= _price(shared, length, -(-rest // chunks), pairs_per_row) + 1e-9, \
+                    (shared, length, chunk, chunks)
             if shared >= rest:
-                assert (keep, chunk) == (shared, rest)
-    assert reused > 1000    # rests longer than their prefix were reused, in chunks
+                assert keep == shared   # fewer rows and, in one forward, no more attention than fresh
+            reused += keep > 0
+            chunked += keep > 0 and chunk < rest
+    assert reused > 1000
+    if pairs_per_row < 1000:
+        assert chunked > 50     # where attention weighs more, long rests run in chunks
 
 
-def test_one_forward_of_a_long_rest_would_break_the_bound_the_chunks_keep():
-    """The planted rule (the rest in one forward) fails the check above where chunks pass it."""
-    keep, chunk = reuse_plan(323, 783)          # an agent's tool schema, then 460 new tokens
-    assert (keep, chunk) == (323, 154)
-    assert _pairs(keep, 783, chunk) <= _pairs(0, 783, 783) < _pairs(keep, 783, 783 - keep)
-    assert reuse_plan(24, 3000) == (0, 3000)    # chunks of 1 token would not pay: a fresh prefill
+def test_with_unknown_shapes_only_a_rest_within_the_kept_prefix_is_kept():
+    """pairs_per_row 0 (a model whose shapes were not read): one forward where the rest is no
+    longer than the kept prefix (attention within a fresh prefill's, fewer rows), else nothing."""
+    assert reuse_plan(300, 500, 0.0) == (300, 200)
+    assert reuse_plan(200, 500, 0.0) == (0, 500)
+    assert reuse_plan(0, 500, 0.0) == (0, 500)
+
+
+def test_attention_pairs_per_row_follows_the_model_s_shapes(models, smollm2):
+    """The tiny Llama (hidden 64, 4 heads of 16, 2 KV heads, intermediate 128): layer weights
+    4096 + 2 * 2048 + 4096 + 3 * 64 * 128 = 36,864 over 4 * 4 * 16; SmolLM2-135M (hidden 576,
+    9 heads of 64, 3 KV heads, intermediate 1536): 3,538,944 over 4 * 9 * 64."""
+    assert attention_pairs_per_row(models["sdpa"]) == 36_864 / 256 == 144.0
+    assert attention_pairs_per_row(smollm2[0]) == 3_538_944 / 2304 == SMOLLM2_PAIRS_PER_ROW
+    assert attention_pairs_per_row(object()) == 0.0
+
+
+def test_short_shared_instructions_are_kept_and_long_prompts_with_little_shared_run_fresh():
+    """At SmolLM2's ratio: an extraction's ~109 shared tokens of 224 and an edit's 39 of 233 run
+    the rest in one forward, where the rule of attention within a fresh prefill's (K^2 / R chunks
+    of at least 64) kept neither; an agent's schema (323 of 783) in one forward; a long prompt
+    sharing little runs fresh. The planted rule (always keep, one forward) prices above a fresh
+    prefill there, and the plan's choice below it."""
+    P = SMOLLM2_PAIRS_PER_ROW
+    assert reuse_plan(109, 224, P) == (109, 115)
+    assert reuse_plan(39, 233, P) == (39, 194)
+    assert reuse_plan(323, 783, P) == (323, 460)
+    for shared, length in ((24, 3000), (60, 1500), (10, 250)):
+        assert reuse_plan(shared, length, P) == (0, length)
+        assert _price(shared, length, length - shared, P) > _price(0, length, length, P)
+    assert _price(109, 224, 115, P) < _price(0, 224, 224, P)
 
 
 @pytest.mark.parametrize("attn", ATTENTIONS)
 def test_a_rest_longer_than_the_kept_prefix_runs_in_chunks_and_equals_a_fresh_prefill(models, attn):
-    """A prompt sharing 200 cached tokens with 300 new ones behind them: the prefill keeps the 200,
-    runs the 300 in 3 forwards of 100, and gives a fresh prefill's logits; the trees after it too."""
+    """A prompt sharing 200 cached tokens with 300 new ones behind them: at the tiny Llama's ratio
+    the prefill keeps the 200, runs the 300 in 2 forwards of 150, and gives a fresh prefill's logits; the trees after it too."""
     model = models[attn]
     verifier = HFVerifier(model)
     rng = np.random.default_rng(5)
     shared = rng.integers(2, verifier.vocab_size, 200).astype(np.int32)
     verifier.prefill(np.r_[shared, rng.integers(2, verifier.vocab_size, 40)].astype(np.int32))
     prompt = np.r_[shared, rng.integers(2, verifier.vocab_size, 300)].astype(np.int32)
-    assert reuse_plan(200, 500) == (200, 100) and verifier.cached_prefix(prompt) == 200
+    assert reuse_plan(200, 500, 144.0) == (200, 150) and verifier.cached_prefix(prompt) == 200
     forwards = []
     handle = model.model.register_forward_pre_hook(lambda module, args, kwargs: forwards.append(
         kwargs["input_ids"].shape[-1]), with_kwargs=True)
@@ -317,7 +362,7 @@ def test_a_rest_longer_than_the_kept_prefix_runs_in_chunks_and_equals_a_fresh_pr
         tokens, logits = verifier.prefill(prompt, 1)
     finally:
         handle.remove()
-    assert forwards == [100, 100, 100] and verifier.prefix_reused == 200 and verifier.n_past == 500
+    assert forwards == [150, 150] and verifier.prefix_reused == 200 and verifier.n_past == 500
     np.testing.assert_allclose(logits[0], _fresh_logits(model, prompt), atol=FP32_ATOL, rtol=0)
     fresh = HFVerifier(model, self_check=False, reuse_prefix=False)
     fresh.prefill(prompt)

@@ -1,40 +1,104 @@
 """How a prefill reuses the cached KV of a prompt's shared prefix: how much it keeps, and in what
 chunks it runs the rest.
 
-A fresh prefill of T tokens runs the causal attention kernel, which skips the masked half: about
-T^2 / 2 (query, key) pairs. The rest of a prompt behind kept positions runs under an explicit
-causal mask (the kept keys plus the rest's own), and attention under a mask computes every pair,
-masked or not. Run in one forward, the rest R = T - K behind K kept tokens takes R * T pairs: no
-more than a fresh prefill's only while K >= R. Below that, one forward can cost more than no reuse
-at all (SmolLM2-135M, 2-core EPYC: a 3,000-token prompt keeping 24 took 11.9 s against a fresh
-8.5).
+Keeping K cached tokens saves the Linear work of K rows, but what follows them costs attention of
+its own. A fresh prefill of T tokens runs the causal attention kernel: T (T + 1) / 2 (query, key)
+pairs. The rest R = T - K behind kept positions runs under an explicit mask, which computes every
+pair, masked or not: in one forward R * T pairs, more than a fresh prefill's once R > K. Chunks of
+the rest, each behind everything before it, take fewer pairs, but every forward streams all the
+weights once more.
 
-Run in m chunks of c tokens, each behind everything before it, the rest takes
-R * K + R * (R + c) / 2 pairs, no more than a fresh prefill's (K + R)^2 / 2 while c <= K^2 / R.
-So the rest runs in the fewest chunks that keep within that bound: the attention work is then at
-most a fresh prefill's, and the Linear work (R rows instead of T) is less. Every forward also
-streams all the weights once, so a chunk must keep enough rows to amortise that: a rest that would
-need chunks under MIN_CHUNK tokens is not reused (a fresh prefill runs). A shared system prompt of
-323 tokens with a rest of 460 (an agent's request behind its tool schema) then runs in 3 chunks of
-154 instead of 783 tokens fresh.
+So the plan is priced in rows of Linear work, the unit a prompt token costs:
+
+    cost = rows run + pairs / pairs_per_row + FORWARD_ROWS per forward
+
+and the cheapest of a fresh prefill and the rest in 1, 2, 3, ... even chunks runs. `pairs_per_row`
+comes from the model's shapes (`attention_pairs_per_row`): a row's Linear FLOPs over a pair's
+attention FLOPs, halved, because attention runs below the GEMMs' rate. SmolLM2-135M, HF float32,
+fifth 2-core AVX-512 EPYC, the fastest of 3 (`benchmarks/prefill_reuse.py --splits ...`,
+docs/results/prefill_plans_cpu_avx512_fifth.json), ms:
+
+    kept / prompt   fresh   one forward   2 chunks   3 chunks   picked
+    35 / 250        395     365           411        562        one forward
+    109 / 224       420     269           316        378        one forward
+    100 / 500       884     722           773        717        one forward
+    323 / 783       1,385   926           916        1,107      one forward
+    150 / 1,000     1,707   1,592         1,454      1,475      fresh
+    60 / 1,500      2,896   3,331         3,054      2,591      fresh
+
+The halved ratio errs toward a fresh prefill: for the last two, chunks measured 11-15 % faster than
+the fresh prefill picked. (On an earlier machine a 3,000-token prompt keeping 24 in one forward took
+11.9 s against 8.5 fresh; it runs fresh.)
+
+The rule it replaces kept the attention within a fresh prefill's whatever the rows saved, so a short
+shared prefix (an edit's or an extraction's instructions, 39 and ~105 tokens of ~230) was never kept.
 """
 from __future__ import annotations
 
-MIN_CHUNK = 64   # rows a chunk's forward needs to spend its time multiplying, not streaming weights
+import math
+
+FORWARD_ROWS = 64   # a forward's own cost in rows: it streams every weight once, however few rows it runs
 
 
-def reuse_plan(shared: int, length: int) -> tuple[int, int]:
+def attention_pairs_per_row(model) -> float:
+    """The (query, key) attention pairs that cost what one prompt token's Linear work costs in
+    `model`, halved (module docstring): the Linear weights of one decoder layer over
+    4 * heads * head_dim (a pair's two products, QK and PV, per query head). 0.0 where the shapes
+    cannot be read: then only a rest no longer than its kept prefix is kept (module docstring)."""
+    import torch
+
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    layers = _decoder_layers(model)
+    if not heads or not head_dim or not layers:
+        return 0.0
+    weights = sum(module.weight.numel() for module in layers[0].modules() if isinstance(module, torch.nn.Linear))
+    # a row: 2 FLOPs per weight; a pair: 4 * heads * head_dim; halved: weights / (4 * heads * head_dim)
+    return weights / (4.0 * heads * head_dim) if weights else 0.0
+
+
+def _decoder_layers(model):
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else model
+    layers = getattr(decoder, "layers", None)
+    return layers if layers is not None and len(layers) else None
+
+
+def plan_cost(keep: int, length: int, chunk: int, pairs_per_row: float) -> float:
+    """A plan's price in rows of Linear work (module docstring): a fresh prefill (keep 0) runs
+    `length` rows in one causal forward; otherwise the rest runs in forwards of `chunk` rows, each
+    attending to every position up to its end."""
+    if keep == 0:
+        rows, pairs, forwards = length, length * (length + 1) / 2, 1
+    else:
+        rows, forwards = length - keep, -(-(length - keep) // chunk)
+        pairs = sum((min(start + chunk, length) - start) * min(start + chunk, length)
+                    for start in range(keep, length, chunk))
+    attention = pairs / pairs_per_row if pairs_per_row > 0 else (0.0 if keep == 0 else math.inf)
+    return rows + attention + FORWARD_ROWS * forwards
+
+
+def reuse_plan(shared: int, length: int, pairs_per_row: float) -> tuple[int, int]:
     """(kept tokens, chunk size) for a prompt of `length` tokens sharing its first `shared` (at
-    most length - 1) with the cache: (0, length) where reuse would cost more attention than a fresh
-    prefill, or its chunks would be too small to pay."""
+    most length - 1) with the cache: the cheapest by `plan_cost` of a fresh prefill, (0, length),
+    and the rest in the fewest even chunks of each count. With pairs_per_row 0 (shapes unknown),
+    a rest no longer than the kept prefix runs in one forward (its attention is within a fresh
+    prefill's and its rows fewer) and a longer one is not kept."""
     rest = length - shared
     if shared <= 0 or rest <= 0:
         return 0, length
-    if shared >= rest:
-        return shared, rest
-    bound = shared * shared // rest        # the largest chunk within a fresh prefill's attention
-    chunks = -(-rest // bound) if bound else 0
-    chunk = -(-rest // chunks) if chunks else 0   # <= bound: the fewest chunks, evened out
-    if chunk < MIN_CHUNK:
-        return 0, length
-    return shared, chunk
+    if pairs_per_row <= 0:
+        return (shared, rest) if shared >= rest else (0, length)
+    best, best_cost = (0, length), plan_cost(0, length, length, pairs_per_row)
+    # Each further chunk saves at most rest^2 / 2 pairs and costs FORWARD_ROWS: past
+    # rest / FORWARD_ROWS chunks (of ~FORWARD_ROWS rows) none can pay.
+    for chunks in range(1, max(1, rest // FORWARD_ROWS) + 1):
+        chunk = -(-rest // chunks)
+        cost = plan_cost(shared, length, chunk, pairs_per_row)
+        if cost < best_cost:
+            best, best_cost = (shared, chunk), cost
+    return best

@@ -40,7 +40,7 @@ from .attention_backends import cudnn_attention_may_run, without_cudnn
 from .fastest_forward import FastestForward
 from .head import checked_linear_ways, checked_split_head, decoder_of
 from .masks import tree_forward_inputs
-from .prefix_reuse import reuse_plan
+from .prefix_reuse import attention_pairs_per_row, reuse_plan
 from .selfcheck import check_tree_attention, tolerance
 
 # Attention kernels that take no arbitrary mask: refused up front with a message, not by the self-check.
@@ -108,6 +108,8 @@ class HFVerifier:
         if packed_linear is not None and not isinstance(packed_linear, bool):
             raise ConfigError(f"packed_linear: expected None, True or False, got {describe(packed_linear)}")
         self._reuse_prefix = flag("reuse_prefix", reuse_prefix)
+        # what attention costs against Linear work in this model: prices a prefill's reuse plan
+        self._pairs_per_row = attention_pairs_per_row(model)
         # Prefill only needs the last position's logits; skip the [T, vocab] head matmul when we can.
         self._prefill_kwargs = ({"logits_to_keep": 1}
                                 if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
@@ -214,14 +216,14 @@ class HFVerifier:
         float32[n_logits, vocab_size] its logits), n_logits 0 or 1. Afterwards n_past == T.
         With reuse_prefix, the KV of the longest prefix (at most T - 1 tokens: the last position's
         logits need a forward) shared with the committed tokens is kept, and only the rest runs, in
-        chunks where it is longer than the kept prefix; where those chunks would cost more attention
-        than a fresh prefill or be too small to pay, nothing is kept (prefix_reuse.py says why).
+        one forward or in chunks, whichever of those and a fresh prefill is priced cheapest in this
+        model's Linear and attention work (prefix_reuse.py says how).
         """
         n_logits = check_n_logits(n_logits, 1)
         prompt = token_array("prompt", prompt, self._vocab_size)
         if prompt.shape[0] > self._max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens exceed max_context {self._max_context}")
-        keep, chunk = reuse_plan(self._shared_prefix(prompt), prompt.shape[0])
+        keep, chunk = reuse_plan(self._shared_prefix(prompt), prompt.shape[0], self._pairs_per_row)
         if keep:
             cache = self._cache
             kv_cache.truncate(cache, keep)   # drops the rest of the old sequence and any pending tree
@@ -249,7 +251,7 @@ class HFVerifier:
         (0 without reuse_prefix); changes nothing. A pool of verifiers can hand a request the one
         that holds most of its prompt."""
         prompt = token_array("prompt", prompt, self._vocab_size)
-        return reuse_plan(self._shared_prefix(prompt), prompt.shape[0])[0]
+        return reuse_plan(self._shared_prefix(prompt), prompt.shape[0], self._pairs_per_row)[0]
 
     def _shared_prefix(self, prompt: np.ndarray) -> int:
         """How many leading tokens of `prompt` share the cached tokens (CommittedTokens, at most
