@@ -14,21 +14,23 @@ So the plan is priced in rows of Linear work, the unit a prompt token costs:
 
 and the cheapest of a fresh prefill and the rest in 1, 2, 3, ... even chunks runs. `pairs_per_row`
 comes from the model's shapes (`attention_pairs_per_row`): a row's Linear FLOPs over a pair's
-attention FLOPs, halved, because attention runs below the GEMMs' rate. SmolLM2-135M, HF float32,
-fifth 2-core AVX-512 EPYC, the fastest of 3 (`benchmarks/prefill_reuse.py --splits ...`,
+attention FLOPs, 3,072 for SmolLM2-135M. Timed on SmolLM2, HF float32, fifth 2-core AVX-512 EPYC,
+the fastest of 3 (`benchmarks/prefill_reuse.py --splits ...`,
 docs/results/prefill_plans_cpu_avx512_fifth.json), ms:
 
-    kept / prompt   fresh   one forward   2 chunks   3 chunks   picked
-    35 / 250        395     365           411        562        one forward
-    109 / 224       420     269           316        378        one forward
-    100 / 500       884     722           773        717        one forward
-    323 / 783       1,385   926           916        1,107      one forward
-    150 / 1,000     1,707   1,592         1,454      1,475      fresh
-    60 / 1,500      2,896   3,331         3,054      2,591      fresh
+    kept / prompt   fresh   one forward   2 chunks   3 chunks   4 chunks   picked
+    35 / 250        375     338           492        576        665        one forward
+    109 / 224       425     277           331        421        464        one forward
+    100 / 500       892     614           659        737        1,007      one forward
+    323 / 783       1,386   773           1,006      1,081      1,195      one forward
+    150 / 1,000     1,810   1,759         1,428      1,467      1,543      one forward
+    60 / 1,500      2,803   3,246         2,700      2,773      2,651      fresh
 
-The halved ratio errs toward a fresh prefill: for the last two, chunks measured 11-15 % faster than
-the fresh prefill picked. (On an earlier machine a 3,000-token prompt keeping 24 in one forward took
-11.9 s against 8.5 fresh; it runs fresh.)
+The price errs toward fewer forwards: in the last two rows chunks were 5-19 % faster than the plan
+picked. A least-squares fit of an earlier run's 30 timings to rows, pairs and forwards gave 2,910
+pairs per row (the FLOPs say 3,072) and 39 rows per forward, where 64 are counted; a price learnt
+from the verifier's own prefills would pick those chunks. (On an earlier machine a 3,000-token
+prompt keeping 24 in one forward took 11.9 s against 8.5 fresh; it runs fresh.)
 
 The rule it replaces kept the attention within a fresh prefill's whatever the rows saved, so a short
 shared prefix (an edit's or an extraction's instructions, 39 and ~105 tokens of ~230) was never kept.
@@ -42,8 +44,9 @@ FORWARD_ROWS = 64   # a forward's own cost in rows: it streams every weight once
 
 def attention_pairs_per_row(model) -> float:
     """The (query, key) attention pairs that cost what one prompt token's Linear work costs in
-    `model`, halved (module docstring): the Linear weights of one decoder layer over
-    4 * heads * head_dim (a pair's two products, QK and PV, per query head). 0.0 where the shapes
+    `model`, by FLOPs (module docstring): the Linear weights of one decoder layer (2 FLOPs each per
+    row) over 2 * heads * head_dim (a pair's two products, QK and PV, 2 FLOPs per multiply-add, per
+    query head). 0.0 where the shapes
     cannot be read: then only a rest no longer than its kept prefix is kept (module docstring)."""
     import torch
 
@@ -57,8 +60,7 @@ def attention_pairs_per_row(model) -> float:
     if not heads or not head_dim or not layers:
         return 0.0
     weights = sum(module.weight.numel() for module in layers[0].modules() if isinstance(module, torch.nn.Linear))
-    # a row: 2 FLOPs per weight; a pair: 4 * heads * head_dim; halved: weights / (4 * heads * head_dim)
-    return weights / (4.0 * heads * head_dim) if weights else 0.0
+    return weights / (2.0 * heads * head_dim) if weights else 0.0   # 2 * weights / (4 * heads * head_dim)
 
 
 def _decoder_layers(model):
