@@ -37,7 +37,9 @@ shared prefix (an edit's or an extraction's instructions, 39 and ~105 tokens of 
 """
 from __future__ import annotations
 
-import math
+import torch
+
+from .head import decoder_of
 
 FORWARD_ROWS = 64   # a forward's own cost in rows: it streams every weight once, however few rows it runs
 
@@ -46,42 +48,32 @@ def attention_pairs_per_row(model) -> float:
     """The (query, key) attention pairs that cost what one prompt token's Linear work costs in
     `model`, by FLOPs (module docstring): the Linear weights of one decoder layer (2 FLOPs each per
     row) over 2 * heads * head_dim (a pair's two products, QK and PV, 2 FLOPs per multiply-add, per
-    query head). 0.0 where the shapes
-    cannot be read: then only a rest no longer than its kept prefix is kept (module docstring)."""
-    import torch
-
+    query head). 0.0 where the shapes cannot be read: then only a rest no longer than its kept
+    prefix is kept (`reuse_plan`)."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "get_text_config"):
         config = config.get_text_config()
     heads = getattr(config, "num_attention_heads", None)
     hidden = getattr(config, "hidden_size", None)
     head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
-    layers = _decoder_layers(model)
+    layers = getattr(decoder_of(model) or model, "layers", None)
     if not heads or not head_dim or not layers:
         return 0.0
     weights = sum(module.weight.numel() for module in layers[0].modules() if isinstance(module, torch.nn.Linear))
     return weights / (2.0 * heads * head_dim) if weights else 0.0   # 2 * weights / (4 * heads * head_dim)
 
 
-def _decoder_layers(model):
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else model
-    layers = getattr(decoder, "layers", None)
-    return layers if layers is not None and len(layers) else None
-
-
 def plan_cost(keep: int, length: int, chunk: int, pairs_per_row: float) -> float:
-    """A plan's price in rows of Linear work (module docstring): a fresh prefill (keep 0) runs
-    `length` rows in one causal forward; otherwise the rest runs in forwards of `chunk` rows, each
-    attending to every position up to its end."""
+    """A plan's price in rows of Linear work (module docstring; pairs_per_row > 0): a fresh prefill
+    (keep 0) runs `length` rows in one causal forward; otherwise the rest runs in forwards of
+    `chunk` rows, each attending to every position up to its end."""
     if keep == 0:
         rows, pairs, forwards = length, length * (length + 1) / 2, 1
     else:
         rows, forwards = length - keep, -(-(length - keep) // chunk)
         pairs = sum((min(start + chunk, length) - start) * min(start + chunk, length)
                     for start in range(keep, length, chunk))
-    attention = pairs / pairs_per_row if pairs_per_row > 0 else (0.0 if keep == 0 else math.inf)
-    return rows + attention + FORWARD_ROWS * forwards
+    return rows + pairs / pairs_per_row + FORWARD_ROWS * forwards
 
 
 def reuse_plan(shared: int, length: int, pairs_per_row: float) -> tuple[int, int]:
