@@ -98,6 +98,58 @@ def test_a_request_that_affords_no_tree_does_not_ask_the_drafter():
     assert skipped >= 40 and asked >= 2, (asked, skipped)
 
 
+def test_a_tree_that_met_a_stall_first_does_not_stop_drafting():
+    """The first tree meets a stall (8 root-only steps where it costs 1.03) and is rejected: counted
+    whole, every tree was priced beyond what a request's floor affords, no tree ran again to
+    re-measure it, and the tiny Llama's bare speculate calls on a loaded CI machine verified the
+    root alone for four 48-token requests. Counted as at most OUTLIER times its guess, the tree is
+    afforded again within a few steps of the next request, re-measured, and drafting goes on."""
+    def cpu_like(n_nodes: int) -> float:
+        return 0.01 * (1.0 + 0.03 * (n_nodes - 1))
+
+    stalled = []
+
+    def stall_first_tree(n_nodes: int) -> float:
+        if n_nodes > 1 and not stalled:
+            stalled.append(n_nodes)
+            return 0.08
+        return cpu_like(n_nodes)
+
+    policy = CostAwareBudget()
+    per_step = []
+    for request in range(4):
+        tokens = steps = 0
+        for _ in range(48):
+            policy.at_context(1000 * request + tokens)
+            tree = chain(64, 0.95) if policy.request_size() else DraftTree.root_only(7)
+            verified = tree.with_candidates(policy.choose(tree)) if tree.n_draft else tree
+            seconds = stall_first_tree(len(verified))
+            # every drafted token is accepted, but the stalled tree's
+            path = np.arange(1 if seconds == 0.08 else len(verified), dtype=np.int32)
+            policy.observe(verified, path, seconds)
+            tokens, steps = tokens + path.shape[0], steps + 1
+        per_step.append(tokens / steps)
+    assert stalled == [2]
+    assert min(per_step[1:]) > 4.0, per_step
+
+
+def test_a_trees_first_cost_counts_at_most_twice_its_guess_and_the_roots_whole():
+    from draftcore.budget.costs import OUTLIER, CostTable
+    table = CostTable(largest=17, smoothing=0.2, optimism=0.05)
+    table.learn(2, 0, 1.0)             # nothing measured to guess from: whole
+    assert table.estimated(0)[1] == 1.0
+    table = CostTable(largest=17, smoothing=0.2, optimism=0.05)
+    table.learn(1, 0, 1.0)
+    table.learn(2, 0, 9.0)             # guessed 1.05 (5 % per node): counts as 2.1
+    assert table.estimated(0)[1] == pytest.approx(OUTLIER * 1.05)
+    table.learn(4, 0, 1.5)             # within twice its guess: whole
+    assert table.estimated(0)[3] == 1.5
+    long = CostTable(largest=17, smoothing=0.2, optimism=0.05)
+    long.prior = table
+    long.learn(1, 0, 7.0)              # a new context's root-only step: whole, though its prior says 1
+    assert long.estimated(0)[0] == 7.0
+
+
 def test_first_requests_replayed_on_llama_cpp_cpu_costs_stay_above_the_floor():
     """The recorded SmolLM2 outputs (benchmarks/data), each replayed alone on a fresh verifier under
     llama.cpp CPU's measured cost table: no first request falls below 0.95x plain decoding. Without

@@ -39,10 +39,14 @@ def menu(largest: int) -> np.ndarray:
     return np.array(sorted(set(sizes)), np.int64)
 
 
-def smoothed(old: float, seconds: float, weight: float, outlier: float) -> float:
-    """A step time's moving average: `seconds` itself where none was measured (NaN), else `weight`
-    of it, counted as at most `outlier` times the average (one slow step must not stick)."""
-    return seconds if math.isnan(old) else (1 - weight) * old + weight * min(seconds, outlier * old)
+def smoothed(old: float, seconds: float, weight: float, outlier: float, guess: float = math.nan) -> float:
+    """A step time's moving average: where none was measured (`old` NaN), `seconds` counted as at
+    most `outlier` times `guess` (whole without one); else `weight` of it, counted as at most
+    `outlier` times the average. One slow step must not stick, the first one least: a size priced
+    from it may never run again to correct it."""
+    if math.isnan(old):
+        return seconds if math.isnan(guess) else min(seconds, outlier * guess)
+    return (1 - weight) * old + weight * min(seconds, outlier * old)
 
 
 class CostTable:
@@ -86,13 +90,26 @@ class CostTable:
         costs = self.table(n_lookahead)
         # One slow step (a page fault, a collection, another process) counts as at most OUTLIER times
         # the estimate: taken whole, it can make the root-only step look dearer than a draft, and the
-        # size then chosen instead keeps the root-only step from ever being re-measured.
-        costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER)
+        # size then chosen instead keeps the root-only step from ever being re-measured. A tree's
+        # first step counts as at most OUTLIER times its guess, where the table has measured
+        # anything to guess from: taken whole, one tree that met a stall (14 ms where the root took
+        # 1.9 ms, on a loaded CI machine) priced every tree beyond what a request's floor affords,
+        # and no tree ran again to re-measure it (docs/budget.md, "A stalled first tree"). Not the
+        # root-only step's: a new context's is rightly dearer than its prior's guess, and it is
+        # re-measured by every root-only step after another.
+        first_tree = i > 0 and math.isnan(costs[i]) and self._guessable(n_lookahead)
+        guess = self.estimated(n_lookahead)[i] if first_tree else math.nan
+        costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER, guess)
         if i < self._first_measured.get(n_lookahead, len(self.sizes)):
             self._first_measured[n_lookahead] = i
         self.tried(n_candidates)
         self._estimates.clear()
         self._own.clear()
+
+    def _guessable(self, n_lookahead: int) -> bool:
+        """Whether `estimated(n_lookahead)` rests on a measurement, here or in the prior it leans on
+        (`_from_prior`), not on nothing (`_optimistic_base` guesses 1 s then)."""
+        return bool(self._first_measured) or (self.prior is not None and self.prior.n_measured(n_lookahead) >= 2)
 
     def tried(self, n_candidates: int) -> None:
         """A tree of `n_candidates` nodes (root included) was verified; its cost may be learnt a
