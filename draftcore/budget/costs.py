@@ -93,7 +93,7 @@ class CostTable:
         # size then chosen instead keeps the root-only step from ever being re-measured. A tree's
         # first step counts as at most OUTLIER times its guess, where the table has measured
         # anything to guess from: taken whole, one tree that met a stall (14 ms where the root took
-        # 1.9 ms, on a loaded CI machine) priced every tree beyond what a request's floor affords,
+        # 1.9 ms, on a loaded machine) priced every tree beyond what a request's floor affords,
         # and no tree ran again to re-measure it (docs/budget.md, "A stalled first tree"). Not the
         # root-only step's: a new context's is rightly dearer than its prior's guess, and it is
         # re-measured by every root-only step after another.
