@@ -109,7 +109,12 @@ class CostTable:
     def _guessable(self, n_lookahead: int) -> bool:
         """Whether `estimated(n_lookahead)` rests on a measurement, here or in the prior it leans on
         (`_from_prior`), not on nothing (`_optimistic_base` guesses 1 s then)."""
-        return bool(self._first_measured) or (self.prior is not None and self.prior.n_measured(n_lookahead) >= 2)
+        return bool(self._first_measured) or self._prior_guesses(n_lookahead)
+
+    def _prior_guesses(self, n_lookahead: int) -> bool:
+        """Whether the prior measured more than its root with `n_lookahead` window nodes: only
+        then are this table's guesses its (`_from_prior`)."""
+        return self.prior is not None and self.prior.n_measured(n_lookahead) >= 2
 
     def tried(self, n_candidates: int) -> None:
         """A tree of `n_candidates` nodes (root included) was verified; its cost may be learnt a
@@ -198,10 +203,9 @@ class CostTable:
         """The prior's estimates, scaled by this table's root-only cost over the prior's where both
         are measured (a verify grows with the context, and so does every size's cost); None
         without a prior that measured more than the root."""
-        prior = self.prior
-        if prior is None or prior.n_measured(n_lookahead) < 2:
+        if not self._prior_guesses(n_lookahead):
             return None
-        theirs = prior.own_estimates(n_lookahead)
+        theirs = self.prior.own_estimates(n_lookahead)
         scale = known[0] / theirs[0] if not math.isnan(known[0]) and theirs[0] > 0 else 1.0
         return theirs * scale
 
