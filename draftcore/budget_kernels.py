@@ -141,16 +141,17 @@ def measured_growth(known, sizes):
 
 
 @nb.njit(cache=True)
-def guessed_costs(known, sizes, base, optimism, n_lookahead):
-    """CostTable._guess without a prior, in one call: `known` (NaN: never measured) with each NaN
-    entry guessed from the growth measured around it (`measured_growth`), else optimistically:
-    `base` growing by `optimism` per node beyond a root-only tree (CostTable._optimistic_base)."""
+def guessed_costs(known, sizes, base, optimism):
+    """CostTable._guess without a window or a prior, in one call: `known` (NaN: never measured)
+    with each NaN entry guessed from the growth measured around it (`measured_growth`), else
+    optimistically: `base` growing by `optimism` per node beyond a root-only tree
+    (CostTable._optimistic_base)."""
     growth = measured_growth(known, sizes)
     out = known.copy()
     for e in range(known.shape[0]):
         if np.isnan(out[e]):
             if np.isnan(growth[e]):
-                out[e] = base * (1.0 + optimism * (sizes[e] + n_lookahead - 1.0))
+                out[e] = base * (1.0 + optimism * (sizes[e] - 1.0))
             else:
                 out[e] = growth[e]
     return out
@@ -198,7 +199,7 @@ def warm_up() -> None:
     learn_outcomes(counts, counts * 0.5, counts * 0.5, np.arange(4), np.array([1, 1, 0, -1], np.int8), 0,
                    parents, 4, np.array([1, 2, 3, 4]), np.ones(4))
     measured_growth(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64))
-    guessed_costs(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64), 1.0, 0.05, 0)
+    guessed_costs(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64), 1.0, 0.05)
     table = np.ones((2, 3))
     fade_counts(table.copy(), table * 0.5, table, table * 0.5, 0.9, np.empty(6))
     rank_bucket = np.zeros(4, np.int64)

@@ -733,11 +733,37 @@ def naive_measured_growth(known, sizes) -> list:
 
 def naive_cost_estimates(measured: dict, sizes, optimism: float, n_lookahead: int) -> list:
     """The cost table's estimates with `n_lookahead` lookahead nodes, from its tables `measured`
-    ({window: seconds per menu size, NaN: never measured}) and no prior: a measured size its own
-    cost; an unmeasured one its measured-growth guess (naive_measured_growth), else the cheapest
-    of the steps with the fewest nodes measured in any window, scaled from its nodes to the size's
-    at `optimism` per node beyond a root-only tree."""
-    known = list(measured.get(n_lookahead, [math.nan] * len(sizes)))
+    ({window: seconds per menu size, NaN: never measured}) and no prior.
+    Without a window: a measured size its own cost; an unmeasured one its measured-growth guess
+    (naive_measured_growth), else the cheapest of the steps with the fewest nodes measured in any
+    window, scaled from its nodes to the size's at `optimism` per node beyond a root-only tree.
+    With one: a measured size its own cost; an unmeasured one the window-less estimate times the
+    window's overhead (measured over window-less) at the measured sizes on either side of it,
+    linearly in the size between two, that of the nearest beyond them; 1 where none was measured."""
+    if n_lookahead:
+        without = naive_cost_estimates(measured, sizes, optimism, 0)
+        known = list(measured.get(n_lookahead, [math.nan] * len(sizes)))
+        points = [(float(sizes[i]), known[i] / without[i]) for i in range(len(sizes)) if not math.isnan(known[i])]
+        out = []
+        for e in range(len(sizes)):
+            if not math.isnan(known[e]):
+                out.append(known[e])
+                continue
+            size = float(sizes[e])
+            below = [p for p in points if p[0] <= size]
+            above = [p for p in points if p[0] >= size]
+            if not points:
+                overhead = 1.0
+            elif not below:
+                overhead = above[0][1]
+            elif not above:
+                overhead = below[-1][1]
+            else:
+                (x0, y0), (x1, y1) = below[-1], above[0]
+                overhead = y0 + (y1 - y0) * (size - x0) / (x1 - x0)
+            out.append(without[e] * overhead)
+        return out
+    known = list(measured.get(0, [math.nan] * len(sizes)))
     growth = naive_measured_growth(known, sizes)
     firsts = []   # (nodes beyond a root-only tree, seconds) of each window's smallest measured size
     for window, table in measured.items():
@@ -750,4 +776,4 @@ def naive_cost_estimates(measured: dict, sizes, optimism: float, n_lookahead: in
         extra, seconds = min(firsts)
         base = seconds / (1.0 + optimism * extra)
     return [known[e] if not math.isnan(known[e]) else growth[e] if not math.isnan(growth[e])
-            else base * (1.0 + optimism * (float(sizes[e]) + n_lookahead - 1.0)) for e in range(len(sizes))]
+            else base * (1.0 + optimism * (float(sizes[e]) - 1.0)) for e in range(len(sizes))]

@@ -135,16 +135,127 @@ def test_a_dropped_window_is_asked_for_only_every_probe_interval():
     assert probe.decided(True) is True and all(probe.wants() for _ in range(5))
     with pytest.raises(ConfigError, match="every"):
         LookaheadProbe(every=0)
+    with pytest.raises(ConfigError, match="trial_every"):
+        LookaheadProbe(trial_every=0)
 
-    policy = CostAwareBudget()   # on a cost curve where a window doubles a step, it is dropped
+    probe = LookaheadProbe(trial_every=10, backoff=3)   # trials: 10 steps from the first drop, then x3
+    assert not probe.trial(100)                          # nothing dropped yet
+    probe.decided(False, 5)
+    probe.decided(False, 9)                              # a later drop does not move the trial
+    assert [s for s in range(5, 140) if probe.trial(s)] == [15, 45, 135]   # 10, 30, 90 apart
+    probe.decided(True, 140)
+    probe.decided(False, 141)                            # kept again: the gap starts over
+    assert [s for s in range(141, 200) if probe.trial(s)] == [151, 181]
+
+    policy = CostAwareBudget()   # on a cost curve where a window doubles a step, it is dropped once measured
     drive(policy, 60, n_accepted=2)
     tree = chain(8, 0.5, window=30)
     assert policy.wants_lookahead()
+    assert policy.keep_lookahead(tree, 4)   # never measured: tried
+    drive(policy, 2, n_accepted=2, window=30)
     assert not policy.keep_lookahead(tree, 4)
     wanted = [policy.wants_lookahead() for _ in range(32)]
     assert wanted == ([False] * 15 + [True]) * 2
     free = CostAwareBudget(window_cost=float("inf"))
     assert free.keep_lookahead(tree, 4) and all(free.wants_lookahead() for _ in range(20))
+
+
+def run_windows(policy, steps: int, seconds, window: int = 10, n_past: int = 2048) -> tuple[list, list]:
+    """Drive `policy` as the loop drives a drafter that can leave its window out (the composite):
+    a window is built when the policy wants one and dropped when it does not keep it; a step takes
+    `seconds(step, tree)` and accepts 2 candidates; a step the policy asks no draft of (a pause
+    trial) verifies the root alone. The context stays in one cost table's bucket (2,048-4,095
+    tokens) for up to ~600 steps. Returns (the steps that verified a window, the steps that
+    drafted)."""
+    windowed, drafted = [], []
+    for step in range(steps):
+        policy.at_context(n_past)
+        if not policy.request_size():
+            path = np.arange(1, dtype=np.int32)
+            policy.observe(chain(0, 0.3), path, seconds(step, chain(0, 0.3)))
+            n_past += 1
+            continue
+        drafted.append(step)
+        tree = chain(64, 0.3, window if policy.wants_lookahead() else 0)
+        k = policy.choose(tree)
+        if tree.n_lookahead and not policy.keep_lookahead(tree, k):
+            tree = tree.without_lookahead()
+            k = policy.choose(tree)
+        verified = tree.with_candidates(k)
+        if verified.n_lookahead:
+            windowed.append(step)
+        path = np.arange(1 + min(k, 2), dtype=np.int32)
+        policy.observe(verified, path, seconds(step, verified))
+        n_past += len(path)
+    return windowed, drafted
+
+
+def nearly_free(step, tree) -> float:
+    """A GPU's verify: 1 ms a step and 0.2 % more per node, window nodes too."""
+    return 1.0e-3 * (1.0 + 0.002 * (len(tree) - 1))
+
+
+def test_a_window_that_costs_little_rides():
+    """Where a window adds a few percent (a GPU), it rides from the step after the root-only step
+    without it (measured first, to be compared with) and is kept. Guessed as a tree of as many more
+    nodes (5 % each), a 10-node window looked 50 % dearer than its step and never rode."""
+    windowed, drafted = run_windows(CostAwareBudget(), 300, nearly_free)
+    assert windowed == drafted[1:] and len(windowed) >= 280, windowed
+
+
+def test_a_window_whose_first_step_stalled_rides_again():
+    """A first window step that met a stall (7x) drops the window, but the trial 64 steps after the
+    drop measures it afresh and it is kept from then on. Without trials nothing re-measured it: the
+    window stayed dropped for the budget's life."""
+    first = []
+
+    def stalled_first(step, tree):
+        if tree.n_lookahead and not first:
+            first.append(step)
+            return 7.0 * nearly_free(step, tree)
+        return nearly_free(step, tree)
+
+    windowed, drafted = run_windows(CostAwareBudget(), 400, stalled_first)
+    # step 1: the stalled window; step 2: rides again before step 1's cost is learnt (aftermath.py);
+    # dropped at step 3; the trial at the first probe (every 16th proposal) from step 3 + 64; kept
+    # from the probe after it on
+    assert windowed[:2] == [1, 2] and 67 <= windowed[2] < 67 + 20 and windowed[3] < windowed[2] + 20, windowed
+    assert [step for step in drafted if step >= windowed[3]] == windowed[3:]
+
+
+def test_a_window_that_doubles_a_step_is_retried_ever_more_rarely():
+    """Where a window doubles a step (a CPU), it rides once (twice: its cost is learnt a step late)
+    and is dropped; trials follow 64, 128, 256 and 512 steps apart (trial_every, doubling by
+    explore_backoff), each one step."""
+    windowed, _ = run_windows(CostAwareBudget(), 1000, lambda step, tree: cost_of(len(tree)) * 1e-3)
+    assert windowed[:2] == [1, 2] and len(windowed) == 6, windowed   # dropped at step 3
+    due = 3 + 64
+    for i, step in enumerate(windowed[2:]):
+        assert due <= step < due + 20, windowed   # at the first probe (every 16th proposal) from then
+        due = step + 64 * 2 ** (i + 1)
+
+
+def test_a_window_trial_replaces_the_window_s_cost():
+    """CostTable.remeasure: the next step with that window is learnt as a first measurement, the
+    others keep theirs; the window is priced from the window-less table times its overhead, and an
+    unmeasured window from the prior's overhead, else as free."""
+    table = CostTable(largest=65, smoothing=0.2, optimism=0.05)
+    for size, seconds in ((1, 1.0), (2, 1.2), (4, 1.6)):
+        table.learn(size, 0, seconds)
+    np.testing.assert_allclose(table.estimated(8)[:4], [1.0, 1.2, 1.3, 1.6])   # never measured: free
+    table.learn(1, 8, 6.0)    # a stall: 6x the step without the window (a root-only step's first, taken whole)
+    table.learn(2, 5, 1.8)
+    assert table.estimated(8)[0] == 6.0 and table.estimated(8)[3] == pytest.approx(6 * 1.6)
+    table.remeasure(8)
+    assert table.estimated(8)[0] == 6.0          # until measured again
+    table.learn(4, 8, 2.4)                       # 1.5x the step without it: a first step, within twice its guess
+    assert np.isnan(table.measured[8][0]) and table.measured[8][3] == 2.4
+    np.testing.assert_allclose(table.estimated(8)[:2], [1.5 * 1.0, 1.5 * 1.2])
+    assert table.measured[5][1] == 1.8           # another window's cost is kept
+    later = CostTable(largest=65, smoothing=0.2, optimism=0.05)
+    later.prior = table
+    later.learn(1, 0, 2.0)
+    assert later.estimated(8)[3] == pytest.approx(later.estimated(0)[3] * 1.5)
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_nodes=0), dict(smoothing=1.5), dict(smoothing=0),

@@ -58,7 +58,8 @@ class CostAwareBudget:
         memory           6000     steps after which acceptance evidence has faded to 1/e (None: never)
         window_cost      0.1      a lookahead window rides along only while it adds at most this
                                   share to a step's cost (inf: always)
-        trial_every      64       steps between trials of the arm not in use: drafting or pausing
+        trial_every      64       steps between trials of the arm not in use: drafting or pausing;
+                                  also from a dropped window to a step it rides anyway (re-measured)
         idle_skip        3        most steps skipped after proposals in a row that drafted nothing
                                   (0: only a hopeless proposal skips one)
         idle_cost        0.02     skip those only while asking the drafter costs more than this
@@ -101,7 +102,7 @@ class CostAwareBudget:
         self._sees_outcomes = False   # the loop reports outcomes (speculate does; a draft model does not)
         self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
-        self._lookahead = LookaheadProbe()
+        self._lookahead = LookaheadProbe(trial_every=self.trial_every, backoff=self.explore_backoff)
         self._aftermath = Aftermath()
         self._guard = FloorGuard(self.max_loss)
         self._next_n_past = -1   # the context the next step of the same sequence starts from
@@ -168,15 +169,23 @@ class CostAwareBudget:
         return self._skipping.after_choice(int(self.sizes[best]) - 1, hopeless)
 
     def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
-        """Keep the window while its measured (or, unmeasured, optimistically guessed) extra cost
-        is at most `window_cost` of the same step without it."""
+        """Keep the window while its measured extra cost (unmeasured: none, so it is tried) is at
+        most `window_cost` of the same step without it; one it drops rides now and then anyway, to
+        be measured again (`LookaheadProbe.trial`)."""
         if self.window_cost == float("inf"):
             return True
-        return self._lookahead.decided(window_pays(self._costs, tree.n_lookahead, n_draft, self.window_cost))
+        if not self._costs.prices_windowless():
+            return False   # judged against the step without it, measured first (not a verdict)
+        if window_pays(self._costs, tree.n_lookahead, n_draft, self.window_cost):
+            return self._lookahead.decided(True, self._step)
+        if self._lookahead.trial(self._step):
+            self._costs.remeasure(tree.n_lookahead)
+            return True
+        return self._lookahead.decided(False, self._step)
 
     def wants_lookahead(self) -> bool:
         """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
-        kept; once one is dropped, every 16th step)."""
+        kept or none was judged; once one is dropped, every 16th step)."""
         return self._lookahead.wants()
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:

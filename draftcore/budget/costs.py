@@ -65,6 +65,7 @@ class CostTable:
         self._own: dict[int, np.ndarray] = {}        # estimates without the prior: what a prior lends
         self.largest_measured = 1                     # nodes (root included) of the largest tree measured
         self._first_measured: dict[int, int] = {}    # n_lookahead -> its smallest menu entry measured
+        self._remeasuring: set[int] = set()            # windows whose next step's time replaces their table
 
     def table(self, n_lookahead: int) -> np.ndarray:
         """The measured seconds with `n_lookahead` lookahead nodes (created, all NaN, on first use)."""
@@ -87,6 +88,10 @@ class CostTable:
         i = self._entry.get(n_candidates)
         if i is None:
             return
+        if n_lookahead in self._remeasuring:   # a window trial (remeasure): its time replaces the old
+            self._remeasuring.discard(n_lookahead)
+            self.measured.pop(n_lookahead, None)
+            self._first_measured.pop(n_lookahead, None)
         costs = self.table(n_lookahead)
         # One slow step (a page fault, a collection, another process) counts as at most OUTLIER times
         # the estimate: taken whole, it can make the root-only step look dearer than a draft, and the
@@ -97,7 +102,7 @@ class CostTable:
         # and no tree ran again to re-measure it (docs/budget.md, "A stalled first tree"). Not the
         # root-only step's: a new context's is rightly dearer than its prior's guess, and it is
         # re-measured by every root-only step after another.
-        first_tree = i > 0 and math.isnan(costs[i]) and self._guessable(n_lookahead)
+        first_tree = i > 0 and math.isnan(costs[i]) and self._guessable()
         guess = self.estimated(n_lookahead)[i] if first_tree else math.nan
         costs[i] = smoothed(costs[i], seconds, self.smoothing, OUTLIER, guess)
         if i < self._first_measured.get(n_lookahead, len(self.sizes)):
@@ -106,15 +111,30 @@ class CostTable:
         self._estimates.clear()
         self._own.clear()
 
-    def _guessable(self, n_lookahead: int) -> bool:
-        """Whether `estimated(n_lookahead)` rests on a measurement, here or in the prior it leans on
-        (`_from_prior`), not on nothing (`_optimistic_base` guesses 1 s then)."""
-        return bool(self._first_measured) or self._prior_guesses(n_lookahead)
+    def prices_windowless(self) -> bool:
+        """Whether the root-only step without a window was measured, here or in the prior this
+        table's guesses come from: a window's overhead is measured against that step. Until it is,
+        the window-less costs are guessed from the window's own steps (`_optimistic_base`), and a
+        window priced against them looked 50 % dearer than its step where it cost 2 %."""
+        return self.root_measured(0) or self._prior_guesses()
 
-    def _prior_guesses(self, n_lookahead: int) -> bool:
-        """Whether the prior measured more than its root with `n_lookahead` window nodes: only
-        then are this table's guesses its (`_from_prior`)."""
-        return self.prior is not None and self.prior.n_measured(n_lookahead) >= 2
+    def remeasure(self, n_lookahead: int) -> None:
+        """The next step measured with `n_lookahead` window nodes replaces what steps with that
+        window cost so far, as a first measurement (a window trial, draftcore.budget.lookahead:
+        averaged in, one 7x stall would take ~20 more window steps to wear off, and a dropped
+        window gets none)."""
+        self._remeasuring.add(n_lookahead)
+
+    def _guessable(self) -> bool:
+        """Whether `estimated` rests on a measurement, here or in the prior it leans on
+        (`_from_prior`), not on nothing (`_optimistic_base` guesses 1 s then). With a window too:
+        its guesses are the window-less estimates times an overhead (`_with_window`)."""
+        return bool(self._first_measured) or self._prior_guesses()
+
+    def _prior_guesses(self) -> bool:
+        """Whether the prior measured more than its root without a window: only then are this
+        table's guesses its (`_from_prior`)."""
+        return self.prior is not None and self.prior.n_measured(0) >= 2
 
     def tried(self, n_candidates: int) -> None:
         """A tree of `n_candidates` nodes (root included) was verified; its cost may be learnt a
@@ -172,7 +192,8 @@ class CostTable:
         return estimate
 
     def _guess(self, n_lookahead: int, with_prior: bool = True) -> np.ndarray:
-        """The table with every unmeasured size guessed:
+        """The table with every unmeasured size guessed. A window's, from the table without one
+        (`_with_window`). Without a window:
         - from the prior where it has one (`_from_prior`: it measured sizes this table has not);
         - else from the cost growth measured around the size (budget_kernels.measured_growth):
           between two measured sizes, the smaller one's cost plus half the slope between them;
@@ -189,23 +210,49 @@ class CostTable:
           and then kept or dropped.
         Without a prior it is one kernel call (budget_kernels.guessed_costs): a root-only step's
         cost changes the guesses, so they are redone on every drafting step."""
-        known = self.table(n_lookahead)
-        guess = self._from_prior(n_lookahead, known) if with_prior else None
+        if n_lookahead:
+            return self._with_window(n_lookahead, with_prior)
+        known = self.table(0)
+        guess = self._from_prior(known) if with_prior else None
         if guess is None:
             return kernels("draftcore.budget_kernels").guessed_costs(known, self.sizes, self._optimistic_base(),
-                                                                     self.optimism, n_lookahead)
+                                                                     self.optimism)
         known = known.copy()
         missing = np.isnan(known)
         known[missing] = guess[missing]
         return known
 
-    def _from_prior(self, n_lookahead: int, known: np.ndarray) -> np.ndarray | None:
-        """The prior's estimates, scaled by this table's root-only cost over the prior's where both
-        are measured (a verify grows with the context, and so does every size's cost); None
-        without a prior that measured more than the root."""
-        if not self._prior_guesses(n_lookahead):
+    def _with_window(self, n_lookahead: int, with_prior: bool) -> np.ndarray:
+        """The table with `n_lookahead` window nodes: measured where measured; elsewhere the
+        window-less estimate times the window's overhead (its measured cost over the window-less
+        estimate), interpolated between the sizes measured with it and held beyond them. A window
+        this table never measured takes the prior's overhead (`with_prior`), and none where the
+        prior never measured it either: priced free, a new window rides once and is measured
+        (draftcore.budget.lookahead). Guessed as a tree of as many more nodes instead, an 8-node
+        window looked 40 % dearer than the step without it on any machine, over `window_cost`:
+        no window ever rode, not even on a GPU, where one costs a few percent."""
+        without = self.estimated(0) if with_prior else self.own_estimates(0)
+        known = self.table(n_lookahead)
+        measured = ~np.isnan(known)
+        if measured.any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                overhead = known[measured] / without[measured]
+            overhead[~np.isfinite(overhead)] = 1.0   # a clock that never advanced prices no overhead
+            return np.where(measured, known, without * np.interp(self.sizes, self.sizes[measured], overhead))
+        if with_prior and self.prior is not None and self.prior.n_measured(n_lookahead):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                overhead = self.prior.own_estimates(n_lookahead) / self.prior.own_estimates(0)
+            overhead[~np.isfinite(overhead)] = 1.0
+            return without * overhead
+        return without.copy()
+
+    def _from_prior(self, known: np.ndarray) -> np.ndarray | None:
+        """The prior's estimates without a window, scaled by this table's root-only cost over the
+        prior's where both are measured (a verify grows with the context, and so does every size's
+        cost); None without a prior that measured more than the root."""
+        if not self._prior_guesses():
             return None
-        theirs = self.prior.own_estimates(n_lookahead)
+        theirs = self.prior.own_estimates(0)
         scale = known[0] / theirs[0] if not math.isnan(known[0]) and theirs[0] > 0 else 1.0
         return theirs * scale
 

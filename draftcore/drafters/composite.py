@@ -31,7 +31,8 @@ true is then left out and its rates read low: waiting until every node settles m
 The model's token at every verified candidate (`observe`) feeds the n-gram tables, whoever
 proposed the node, and the window's outputs feed the Jacobi pool. The window is attached whenever
 the loop asks for one (`lookahead_optional`: the cost-aware budget asks every step while it keeps
-the window, and once it drops it, where verify is not free (a CPU), only every 16th step).
+the window, and once it drops it, where verify is not free (a CPU), only every 16th step; a dropped
+window still rides now and then, ever more rarely, to be measured again).
 
     CompositeDrafter()                                   trie + n-gram + Jacobi (window on)
     CompositeDrafter(jacobi=None)                        trie + n-gram
