@@ -48,6 +48,10 @@ def test_the_machine_names_its_widest_vector_instructions(tmp_path):
         assert vector_isa(fields) == want and cpu_model(fields) == "Some CPU"
         line = machine_line({"cpu": "Some CPU", "vector_isa": want, "logical_cores": 2})
         assert line.startswith(f"Some CPU ({want}), 2 logical cores" if want else "Some CPU, 2 logical cores")
+    # and which of them torch's kernels use, where a run capped them (ATEN_CPU_CAPABILITY=avx2)
+    line = machine_line({"cpu": "Some CPU", "vector_isa": "AVX-512", "logical_cores": 2, "versions": {"torch": "2.13"},
+                         "threads": {"torch": 2}, "kernel_isa": {"torch": "AVX2"}})
+    assert "torch 2.13 (2 threads, AVX2 kernels)" in line
     assert cpuinfo_fields(str(tmp_path / "missing")) == {}
 
 
@@ -58,6 +62,10 @@ def test_the_command_line_is_what_one_types_again():
     assert command_line(["draftcore", "bench"], {"DRAFTCORE_PAUSE": "off", "DRAFTCORE_CACHE": "/c", "HOME": "/h",
                                                  "DRAFTCORE_LLAMACPP_KV": "q8_0"}) == \
         "DRAFTCORE_LLAMACPP_KV=q8_0 DRAFTCORE_PAUSE=off draftcore bench"
+    # so are the variables that cap the kernels' instruction set (an AVX-512 CPU running AVX2's)
+    assert command_line(["draftcore", "bench"], {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                                 "PATH": "/bin"}) == \
+        "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 draftcore bench"
     script = command_line(["benchmarks/trie_memory.py", "--tokens", "10 000"])
     assert script.endswith(" benchmarks/trie_memory.py --tokens '10 000'")
 

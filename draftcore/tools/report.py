@@ -75,16 +75,22 @@ def make_report(title: str, tables, *, command: str | None = None, settings: dic
             "machine": machine(settings), "tables": list(tables)}
 
 
+# What caps the instruction set of torch's own kernels, oneDNN's and MKL's: a run on an AVX-512 CPU
+# with all three set to AVX2 runs AVX2's kernels (docs/results.md, "AVX2's kernels on an AVX-512 CPU").
+KERNEL_ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def command_line(argv=None, environ=None) -> str:
     """The command as one types it again from the current folder: `python benchmarks/x.py --n 2` for
     a script (the interpreter by its path when it lies in this folder, as .venv/bin/python does),
     `draftcore bench ...` for a console script, after the DRAFTCORE_* variables set in `environ`
     (draftcore's options read there: `DRAFTCORE_LLAMACPP_KV=q8_0 python ...`; the cache folder
-    aside). argv: default sys.argv; environ: default os.environ."""
+    aside) and those that cap the kernels' instruction set (`KERNEL_ISA_VARIABLES`). argv: default
+    sys.argv; environ: default os.environ."""
     argv = list(sys.argv if argv is None else argv)
     environ = os.environ if environ is None else environ
     options = [f"{name}={environ[name]}" for name in sorted(environ)
-               if name.startswith("DRAFTCORE_") and name != "DRAFTCORE_CACHE"]
+               if (name.startswith("DRAFTCORE_") and name != "DRAFTCORE_CACHE") or name in KERNEL_ISA_VARIABLES]
     program = _path_as_typed(argv[0])
     if program.endswith(".py"):
         interpreter = _path_as_typed(sys.executable)
@@ -103,8 +109,9 @@ def _path_as_typed(path: str) -> str:
 
 def machine(settings: dict | None = None) -> dict:
     """The machine a run measured: CPU model, cores, OS, Python, package versions (the runtime's,
-    and each framework's the run imported), the threads torch uses and its GPU when the run used
-    them, and `settings` (the backend's own choices) when given."""
+    and each framework's the run imported), the threads torch uses, the instruction set of the
+    kernels it dispatches to and its GPU when the run used them, and `settings` (the backend's own
+    choices) when given."""
     cpuinfo = cpuinfo_fields()   # read once for both
     found = {"cpu": cpu_model(cpuinfo), "vector_isa": vector_isa(cpuinfo), "logical_cores": os.cpu_count()}
     if hasattr(os, "sched_getaffinity"):
@@ -116,6 +123,9 @@ def machine(settings: dict | None = None) -> dict:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         found["threads"] = {"torch": torch.get_num_threads()}
+        capability = getattr(getattr(getattr(torch, "backends", None), "cpu", None), "get_cpu_capability", None)
+        if callable(capability):   # the kernels torch dispatches to, which ATEN_CPU_CAPABILITY can cap
+            found["kernel_isa"] = {"torch": str(capability())}
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_initialized():   # only a run that used the GPU names it
             found["gpu"] = cuda.get_device_name()
@@ -181,9 +191,11 @@ def machine_line(found: dict) -> str:
     if found.get("gpu"):
         parts.append(str(found["gpu"]))
     parts += [str(found.get("os", "")), f"Python {found.get('python', '?')}"]
-    threads = found.get("threads", {})
+    threads, kernel_isa = found.get("threads", {}), found.get("kernel_isa", {})
     for name, version in found.get("versions", {}).items():
-        parts.append(f"{name} {version}" + (f" ({threads[name]} threads)" if name in threads else ""))
+        notes = ([f"{threads[name]} threads"] if name in threads else []) + \
+            ([f"{kernel_isa[name]} kernels"] if name in kernel_isa else [])
+        parts.append(f"{name} {version}" + (f" ({', '.join(notes)})" if notes else ""))
     line = ", ".join(p for p in parts if p)
     settings = found.get("settings")
     if settings:
