@@ -103,6 +103,7 @@ class CostAwareBudget:
         self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
         self._lookahead = LookaheadProbe(trial_every=self.trial_every, backoff=self.explore_backoff)
+        self._window_experiment = None   # (its price at the worst in root-only steps, a root-only step's seconds)
         self._aftermath = Aftermath()
         self._guard = FloorGuard(self.max_loss)
         self._next_n_past = -1   # the context the next step of the same sequence starts from
@@ -169,19 +170,43 @@ class CostAwareBudget:
         return self._skipping.after_choice(int(self.sizes[best]) - 1, hopeless)
 
     def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
-        """Keep the window while its measured extra cost (unmeasured: none, so it is tried) is at
-        most `window_cost` of the same step without it; one it drops rides now and then anyway, to
-        be measured again (`LookaheadProbe.trial`)."""
+        """Keep the window while its measured extra cost is at most `window_cost` of the same step
+        without it. A window never measured rides once to be measured, and one dropped rides now
+        and then anyway, to be measured again (`LookaheadProbe.trial`); both only where the
+        request's floor affords the window at its worst (`_affords_window`)."""
         if self.window_cost == float("inf"):
             return True
-        if not self._costs.prices_windowless():
+        costs, n_lookahead = self._costs, tree.n_lookahead
+        if not costs.prices_windowless():
             return False   # judged against the step without it, measured first (not a verdict)
-        if window_pays(self._costs, tree.n_lookahead, n_draft, self.window_cost):
-            return self._lookahead.decided(True, self._step)
-        if self._lookahead.trial(self._step):
-            self._costs.remeasure(tree.n_lookahead)
+        if costs.prices_window(n_lookahead):
+            if window_pays(costs, n_lookahead, n_draft, self.window_cost):
+                return self._lookahead.decided(True, self._step)
+            if self._affords_window(n_lookahead, n_draft) and self._lookahead.trial(self._step):
+                costs.remeasure(n_lookahead)
+                return True
+            return self._lookahead.decided(False, self._step)
+        return self._lookahead.decided(self._affords_window(n_lookahead, n_draft), self._step)
+
+    def _affords_window(self, n_lookahead: int, n_draft: int) -> bool:
+        """Whether the request's slack (FloorGuard) affords a window step that is an experiment (a
+        window never measured, or a trial of one dropped) beside the tree's own worst case; if so,
+        the step is charged to the slack whole (`observe`). The window is priced as `n_lookahead`
+        more candidates where the table measured a tree that big, else at a root-only step a node,
+        the dearest measured (llama.cpp CPU's second node): a window's first step there cost 5-8
+        root-only steps, and early guesses say a tenth of that."""
+        costs = self._costs
+        root = costs.root_estimate(0)
+        if not root > 0:   # a clock that never advanced prices nothing
             return True
-        return self._lookahead.decided(False, self._step)
+        with_window, without = costs.cost([n_draft + 1 + n_lookahead, n_draft + 1], 0) / root
+        if costs.largest_measured_without_window() < n_draft + 1 + n_lookahead:
+            with_window = without + n_lookahead
+        tree_worst_case = max(without - (1.0 + self._guard.max_loss), 0.0)
+        if with_window - without > self._guard.slack - tree_worst_case:
+            return False
+        self._window_experiment = (with_window, root)
+        return True
 
     def wants_lookahead(self) -> bool:
         """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
@@ -204,8 +229,12 @@ class CostAwareBudget:
         # a clock that never advanced (or one too coarse to see a root-only step) prices nothing:
         # each step then counts as one root-only step
         drafting = self._trials.end_step(self._step, path.shape[0], seconds / unit if unit > 0 else 1.0)
-        without_candidates = self._costs.root_estimate(tree.n_lookahead)
-        if without_candidates > 0:
+        experiment, self._window_experiment = self._window_experiment, None
+        if experiment is not None and tree.n_lookahead:
+            # a window's first step or trial: charged whole, against its price at the worst
+            units_at_worst, root = experiment
+            self._guard.learn(path.shape[0], seconds / root, units_at_worst)
+        elif (without_candidates := self._costs.root_estimate(tree.n_lookahead)) > 0:
             self._guard.learn(path.shape[0], seconds / without_candidates,
                               self._costs.cost(tree.n_candidates, tree.n_lookahead) / without_candidates
                               if tree.n_candidates > 1 else None)

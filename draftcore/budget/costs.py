@@ -118,6 +118,16 @@ class CostTable:
         window priced against them looked 50 % dearer than its step where it cost 2 %."""
         return self.root_measured(0) or self._prior_guesses()
 
+    def largest_measured_without_window(self) -> int:
+        """Nodes of the largest tree measured without a window (0: none)."""
+        measured = self.sizes[~np.isnan(self.table(0))]
+        return int(measured[-1]) if measured.shape[0] else 0
+
+    def prices_window(self, n_lookahead: int) -> bool:
+        """Whether a step with `n_lookahead` window nodes was measured, here or in the prior: else
+        `_with_window` prices the window free (so it gets measured)."""
+        return self.n_measured(n_lookahead) > 0 or (self.prior is not None and self.prior.n_measured(n_lookahead) > 0)
+
     def remeasure(self, n_lookahead: int) -> None:
         """The next step measured with `n_lookahead` window nodes replaces what steps with that
         window cost so far, as a first measurement (a window trial, draftcore.budget.lookahead:

@@ -6,7 +6,8 @@ while it adds at most `window_cost` to a step's cost, and once one is dropped a 
 leave its window out is asked for one only now and then (`LookaheadProbe`). A dropped window rides
 anyway now and then, further apart each time (`LookaheadProbe.trial`), so that its cost is measured
 again: nothing else re-measures a window that never rides, and one stalled window step would price
-windows out for good.
+windows out for good. A window's first step and its trials run only where the request's floor
+affords them (draftcore.budget.cost_aware).
 """
 from __future__ import annotations
 
@@ -68,9 +69,9 @@ class LookaheadProbe:
     def trial(self, step: int) -> bool:
         """Whether a window the costs would drop rides anyway at `step`, its cost measured afresh
         (CostTable.remeasure): `trial_every` steps after the first drop, then `backoff` times as
-        long after each trial, until a window is kept again. On a CPU, where a window nearly doubles
-        a step, that is one dear step at ~64, ~192, ~448, ~960 steps: 4 in a session's first 1,000
-        steps, and ever fewer."""
+        long after each trial, until a window is kept again (and only where the request's floor
+        affords it: CostAwareBudget._affords_window). On a CPU, where a window nearly doubles a
+        step, that is 4 dear steps in a session's first 1,000, and ever fewer."""
         if self._next_trial is None or step < self._next_trial:
             return False
         self._gap *= self.backoff
