@@ -186,6 +186,9 @@ class CostAwareBudget:
                 costs.remeasure(n_lookahead)
                 return True
             return self._lookahead.decided(False, self._step)
+        pending = self._aftermath.pending
+        if pending is not None and pending[0] is costs and pending[2] == n_lookahead:
+            return False   # its first step's cost is learnt with this one's (aftermath.py): no second experiment
         return self._lookahead.decided(self._affords_window(n_lookahead, n_draft), self._step)
 
     def _affords_window(self, n_lookahead: int, n_draft: int) -> bool:
