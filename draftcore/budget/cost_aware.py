@@ -173,7 +173,8 @@ class CostAwareBudget:
         """Keep the window while its measured extra cost is at most `window_cost` of the same step
         without it. A window never measured rides once to be measured, and one dropped rides now
         and then anyway, to be measured again (`LookaheadProbe.trial`); both only where the
-        request's floor affords the window at its worst (`_affords_window`)."""
+        request's floor affords the window at its worst (`_window_at_worst`), and are charged to
+        it whole (`observe`)."""
         if self.window_cost == float("inf"):
             return True
         costs, n_lookahead = self._costs, tree.n_lookahead
@@ -182,34 +183,37 @@ class CostAwareBudget:
         if costs.prices_window(n_lookahead):
             if window_pays(costs, n_lookahead, n_draft, self.window_cost):
                 return self._lookahead.decided(True, self._step)
-            if self._affords_window(n_lookahead, n_draft) and self._lookahead.trial(self._step):
+            worst = self._window_at_worst(n_lookahead, n_draft)
+            if worst is not None and self._lookahead.trial(self._step):
                 costs.remeasure(n_lookahead)
+                self._window_experiment = worst
                 return True
             return self._lookahead.decided(False, self._step)
         pending = self._aftermath.pending
         if pending is not None and pending[0] is costs and pending[2] == n_lookahead:
             return False   # its first step's cost is learnt with this one's (aftermath.py): no second experiment
-        return self._lookahead.decided(self._affords_window(n_lookahead, n_draft), self._step)
+        self._window_experiment = worst = self._window_at_worst(n_lookahead, n_draft)
+        return self._lookahead.decided(worst is not None, self._step)
 
-    def _affords_window(self, n_lookahead: int, n_draft: int) -> bool:
-        """Whether the request's slack (FloorGuard) affords a window step that is an experiment (a
-        window never measured, or a trial of one dropped) beside the tree's own worst case; if so,
-        the step is charged to the slack whole (`observe`). The window is priced as `n_lookahead`
-        more candidates where the table measured a tree that big, else at a root-only step a node,
-        the dearest measured (llama.cpp CPU's second node): a window's first step there cost 5-8
-        root-only steps, and early guesses say a tenth of that."""
+    def _window_at_worst(self, n_lookahead: int, n_draft: int) -> tuple[float, float] | None:
+        """(the step's cost at its worst in root-only steps, a root-only step's seconds) for a
+        window step that is an experiment (a window never measured, or a trial of one dropped),
+        where the request's slack (FloorGuard) affords it beside the tree's own worst case; None
+        where it does not. The window is priced as `n_lookahead` more candidates where the table
+        measured a tree that big, else at a root-only step a node, the dearest measured (llama.cpp
+        CPU's second node): a window's first step there cost 5-8 root-only steps, and the early
+        guesses say a tenth of that."""
         costs = self._costs
         root = costs.root_estimate(0)
-        if not root > 0:   # a clock that never advanced prices nothing
-            return True
+        if not root > 0:   # a clock that never advanced prices nothing: afforded, charged nothing
+            return float(n_draft + 1 + n_lookahead), 0.0
         with_window, without = costs.cost([n_draft + 1 + n_lookahead, n_draft + 1], 0) / root
         if costs.largest_measured_without_window() < n_draft + 1 + n_lookahead:
             with_window = without + n_lookahead
         tree_worst_case = max(without - (1.0 + self._guard.max_loss), 0.0)
         if with_window - without > self._guard.slack - tree_worst_case:
-            return False
-        self._window_experiment = (with_window, root)
-        return True
+            return None
+        return float(with_window), root
 
     def wants_lookahead(self) -> bool:
         """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
@@ -236,7 +240,8 @@ class CostAwareBudget:
         if experiment is not None and tree.n_lookahead:
             # a window's first step or trial: charged whole, against its price at the worst
             units_at_worst, root = experiment
-            self._guard.learn(path.shape[0], seconds / root, units_at_worst)
+            if root > 0:
+                self._guard.learn(path.shape[0], seconds / root, units_at_worst)
         elif (without_candidates := self._costs.root_estimate(tree.n_lookahead)) > 0:
             self._guard.learn(path.shape[0], seconds / without_candidates,
                               self._costs.cost(tree.n_candidates, tree.n_lookahead) / without_candidates

@@ -70,7 +70,7 @@ class LookaheadProbe:
         """Whether a window the costs would drop rides anyway at `step`, its cost measured afresh
         (CostTable.remeasure): `trial_every` steps after the first drop, then `backoff` times as
         long after each trial, until a window is kept again (and only where the request's floor
-        affords it: CostAwareBudget._affords_window). On a CPU, where a window nearly doubles a
+        affords it: CostAwareBudget._window_at_worst). On a CPU, where a window nearly doubles a
         step, that is 4 dear steps in a session's first 1,000, and ever fewer."""
         if self._next_trial is None or step < self._next_trial:
             return False
