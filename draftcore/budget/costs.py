@@ -49,6 +49,15 @@ def smoothed(old: float, seconds: float, weight: float, outlier: float, guess: f
     return (1 - weight) * old + weight * min(seconds, outlier * old)
 
 
+def _overhead(with_window: np.ndarray, without: np.ndarray) -> np.ndarray:
+    """with_window / without per size; 1 where that is not a number (a clock that never advanced
+    prices no overhead)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overhead = with_window / without
+    overhead[~np.isfinite(overhead)] = 1.0
+    return overhead
+
+
 class CostTable:
     """Seconds per step for each menu size (nodes, root included), one table per number of
     lookahead nodes, since a window's nodes are verified whole on top of the candidates."""
@@ -245,15 +254,10 @@ class CostTable:
         known = self.table(n_lookahead)
         measured = ~np.isnan(known)
         if measured.any():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                overhead = known[measured] / without[measured]
-            overhead[~np.isfinite(overhead)] = 1.0   # a clock that never advanced prices no overhead
+            overhead = _overhead(known[measured], without[measured])
             return np.where(measured, known, without * np.interp(self.sizes, self.sizes[measured], overhead))
-        if with_prior and self.prior is not None and self.prior.n_measured(n_lookahead):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                overhead = self.prior.own_estimates(n_lookahead) / self.prior.own_estimates(0)
-            overhead[~np.isfinite(overhead)] = 1.0
-            return without * overhead
+        if with_prior and self.prices_window(n_lookahead):   # measured in the prior, not here
+            return without * _overhead(self.prior.own_estimates(n_lookahead), self.prior.own_estimates(0))
         return without.copy()
 
     def _from_prior(self, known: np.ndarray) -> np.ndarray | None:
