@@ -21,7 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import draftcore  # noqa: E402
 from draftcore import ConfigError, DraftTree  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
-from draftcore.adapters.torch_hf.prefix_reuse import FORWARD_ROWS, attention_pairs_per_row, reuse_plan  # noqa: E402
+from draftcore.adapters.torch_hf.prefix_reuse import (  # noqa: E402
+    FORWARD_ROWS, attention_pairs_per_row, plan_cost, reuse_plan)
 from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 from test_hf_verifier import FP32_ATOL, assert_same_greedy, generate_greedy, smollm2  # noqa: E402,F401
@@ -309,6 +310,19 @@ def test_a_reuse_plan_is_the_cheapest_priced_plan(pairs_per_row):
     assert reused > 1000
     if pairs_per_row < 1000:
         assert chunked > 50     # where attention weighs more, long rests run in chunks
+
+
+def test_a_plan_s_price_in_closed_form_is_the_chunk_by_chunk_sum():
+    """plan_cost sums its chunks' attention in closed form (so a 128k-token prompt is priced in
+    microseconds, not by a loop over chunks per plan); it equals the chunk-by-chunk sum, chunk
+    sizes that divide the rest and ones that leave a short last chunk alike, fresh prefills too."""
+    for length in (2, 3, 64, 65, 600, 4097):
+        for keep in sorted({0, 1, length // 3, length - 1}):
+            rest = length - keep
+            for chunk in sorted({1, 2, 7, 64, max(1, rest // 3), rest, length}):
+                expected = _price(keep, length, length if keep == 0 else chunk, SMOLLM2_PAIRS_PER_ROW)
+                got = plan_cost(keep, length, length if keep == 0 else chunk, SMOLLM2_PAIRS_PER_ROW)
+                assert got == pytest.approx(expected, rel=1e-12), (keep, length, chunk)
 
 
 def test_with_unknown_shapes_only_a_rest_within_the_kept_prefix_is_kept():

@@ -71,8 +71,11 @@ def plan_cost(keep: int, length: int, chunk: int, pairs_per_row: float) -> float
         rows, pairs, forwards = length, length * (length + 1) / 2, 1
     else:
         rows, forwards = length - keep, -(-(length - keep) // chunk)
-        pairs = sum((min(start + chunk, length) - start) * min(start + chunk, length)
-                    for start in range(keep, length, chunk))
+        # Chunk i < forwards - 1 runs `chunk` rows against keep + (i + 1) * chunk positions; the
+        # last runs what is left against all `length`. Summed in closed form, so pricing a plan does
+        # not grow with the prompt (reuse_plan prices up to rest / FORWARD_ROWS of them).
+        full = forwards - 1
+        pairs = chunk * (full * keep + chunk * full * (full + 1) // 2) + (rows - full * chunk) * length
     return rows + pairs / pairs_per_row + FORWARD_ROWS * forwards
 
 
