@@ -15,6 +15,7 @@ teaches what a root-only step costs.
         table.learn(n_candidates, n_lookahead, seconds)
     after.flush()   # a new request: the pending step, as it was measured
     after.pending   # None: the next step follows no drafted step
+    after.holds(table, n_lookahead)   # a step with that window on that table waits for its cost
 """
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ class Aftermath:
         elif pending is None:
             learnt.append((table, n_candidates, n_lookahead, seconds))
         return learnt
+
+    def holds(self, table, n_lookahead: int) -> bool:
+        """Whether the pending drafted step ran `n_lookahead` window nodes in `table`'s context: its
+        cost is not learnt yet (the next step's time brings it)."""
+        return self.pending is not None and self.pending[0] is table and self.pending[2] == n_lookahead
 
     def flush(self) -> list[tuple]:
         """The pending drafted step, as it was measured (the sequence ended: nothing follows it)."""

@@ -189,8 +189,7 @@ class CostAwareBudget:
                 self._window_experiment = worst
                 return True
             return self._lookahead.decided(False, self._step)
-        pending = self._aftermath.pending
-        if pending is not None and pending[0] is costs and pending[2] == n_lookahead:
+        if self._aftermath.holds(costs, n_lookahead):
             return False   # its first step's cost is learnt with this one's (aftermath.py): no second experiment
         self._window_experiment = worst = self._window_at_worst(n_lookahead, n_draft)
         return self._lookahead.decided(worst is not None, self._step)

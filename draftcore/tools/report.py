@@ -123,9 +123,10 @@ def machine(settings: dict | None = None) -> dict:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         found["threads"] = {"torch": torch.get_num_threads()}
-        capability = getattr(getattr(getattr(torch, "backends", None), "cpu", None), "get_cpu_capability", None)
-        if callable(capability):   # the kernels torch dispatches to, which ATEN_CPU_CAPABILITY can cap
-            found["kernel_isa"] = {"torch": str(capability())}
+        try:   # the kernels torch dispatches to, which ATEN_CPU_CAPABILITY can cap (torch >= 2.0)
+            found["kernel_isa"] = {"torch": str(torch.backends.cpu.get_cpu_capability())}
+        except AttributeError:
+            pass
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_initialized():   # only a run that used the GPU names it
             found["gpu"] = cuda.get_device_name()
