@@ -1,9 +1,13 @@
 """Helpers shared by the benchmark scripts: the recorded traces, and where results go."""
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+# the test fixtures (a toy model, the tiny Llama, the GGUF writer, the naive trie) live in tests/fixtures,
+# outside the installed package: a benchmark imports them as `fixtures.<name>`, as the tests do
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 # 80 plain greedy SmolLM2 traces recorded with `draftcore record` (benchmarks/data/README.md); EOS id 2
 TRACES = os.path.join(HERE, "data", "smollm2_greedy_traces.jsonl.gz")
 TRACES_EOS = 2

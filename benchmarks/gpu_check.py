@@ -39,6 +39,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))   # gpu_stage, when this file is loaded by path (the CI test)
+sys.path.insert(0, str(HERE.parent / "tests"))   # fixtures.tiny_llama and fixtures.gguf_writer (not installed)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from gpu_stage import STAGE, assemble, staged_prompts  # noqa: E402
@@ -85,7 +86,7 @@ def small_mode(args) -> bool:
 def tiny_model():
     """The tiny random Llama every backend runs in the small mode (vocab 512: the GGUF writer's
     smallest with a byte vocabulary)."""
-    from draftcore.tools.fixtures.tiny_llama import tiny_llama
+    from fixtures.tiny_llama import tiny_llama
     return tiny_llama(seed=0, vocab_size=512)
 
 
@@ -282,7 +283,7 @@ def _llamacpp_measure(args) -> dict:
     from draftcore.selfcheck import chain_against_one_token
     from draftcore.tools.backends import llamacpp
     if small_mode(args):
-        from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+        from fixtures.gguf_writer import write_llama_gguf
         path = Path(args.stage) / "cache" / "tiny.gguf"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_llama_gguf(tiny_model(), path)
@@ -544,7 +545,7 @@ def _cpu_name() -> str:
 
 
 def _tiny_hf_folder(args) -> Path:
-    from draftcore.tools.fixtures.tiny_llama import save_tiny_llama
+    from fixtures.tiny_llama import save_tiny_llama
     folder = Path(args.stage) / "cache" / "tiny-llama"
     if not (folder / "config.json").is_file():
         save_tiny_llama(folder, seed=0, vocab_size=512)   # tiny_model() with a tokenizer the genai builder reads

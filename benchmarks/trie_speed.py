@@ -12,7 +12,7 @@ import numpy as np
 from _common import TRACES, write_json
 
 from draftcore import DraftTree, TrieDrafter
-from draftcore.tools.fixtures.naive_trie import NaiveTrie
+from fixtures.naive_trie import NaiveTrie
 from draftcore.tools.replay import replay
 from draftcore.tools.report import make_report, show_table
 from draftcore.tools.traces import read_traces

@@ -5,7 +5,7 @@ Registered in tests with `draftcore.tools.backends.register_backend("toy", "fake
 from __future__ import annotations
 
 import numpy as np
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+from fixtures.toy import ToyModel, ToyVerifier
 
 from draftcore.tools.bench import Prompt, draftcore_method
 

@@ -5,7 +5,7 @@ use dicts and lists, walk from the root instead of keeping a `front`, search lin
 keeping heaps and child lists, and share nothing with draftcore but the documented constants.
 
     NaiveTrie            the trie drafter's counting / pruning / elimination / retrieval rules, and
-                         a request's learning of the model's tokens (draftcore.tools.fixtures.naive_trie)
+                         a request's learning of the model's tokens (fixtures.naive_trie)
     naive_trie_contents  {token path: (PROMPT, OUTPUT, RECENT)} of a NaiveTrie
     pool_contents        the same mapping read from a TrieDrafter's node-pool arrays
     naive_child_order    {token path: child tokens in the order of the pool's child lists}
@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 # The trie's twin lives with the fixtures, where benchmarks/trie_speed.py times it too.
-from draftcore.tools.fixtures.naive_trie import NaiveTrie  # noqa: F401
+from fixtures.naive_trie import NaiveTrie  # noqa: F401
 
 F32 = np.float32
 

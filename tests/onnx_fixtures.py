@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draftcore.tools.fixtures.tiny_llama import save_tiny_llama  # noqa: F401  (the tests import it from here)
+from fixtures.tiny_llama import save_tiny_llama  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parent.parent
 OPTIMUM_PYTHON = Path(os.environ.get("DRAFTCORE_OPTIMUM_PYTHON", REPO / ".venv-optimum" / "bin" / "python"))

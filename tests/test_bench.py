@@ -136,7 +136,7 @@ def test_rounds_rotate_the_order_methods_run_in_and_keep_the_first_as_reference(
 def test_each_round_restarts_the_bare_calls_session():
     """The bare call keeps its session's trie across prompts and datasets (what a user gets), but a
     new round must not draft from the previous round's outputs: each round restarts it."""
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+    from fixtures.toy import ToyModel, ToyVerifier
 
     from draftcore.session import Session
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
@@ -170,7 +170,7 @@ def test_sampled_methods_are_compared_with_nothing():
 
 
 def test_draftcore_method_keeps_the_trie_per_dataset_and_counts_backend_forwards():
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+    from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
     method = draftcore_method("dc", verifier, lambda: 4, count_forwards=lambda: verifier.n_verify)
@@ -191,7 +191,7 @@ def test_draftcore_method_keeps_the_trie_per_dataset_and_counts_backend_forwards
 
 def test_bare_call_method_learns_in_the_verifiers_session_across_datasets():
     import draftcore
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+    from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=0))
     method = bare_call_method("bare", verifier)

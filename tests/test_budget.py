@@ -300,7 +300,7 @@ def test_a_budget_larger_than_one_verify_holds_is_refused_naming_the_limit(build
 
 
 def test_auto_budget_is_kept_per_verifier_across_calls():
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+    from fixtures.toy import ToyModel, ToyVerifier
 
     import draftcore
 
@@ -486,7 +486,7 @@ def test_trial_steps_zero_never_pauses():
 
 
 def test_a_paused_step_never_asks_the_drafter_and_changes_no_output():
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+    from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     import draftcore
     from draftcore.drafters import TrieDrafter
@@ -730,7 +730,7 @@ def test_a_clock_that_never_advances_or_seldom_does_changes_no_output(tick_every
     (a root-only step's estimate can be 0). The auto budget still chooses, learns outcomes and
     compares its arms, all of which divide by those seconds, and the output is plain greedy's. The
     kernels and the arms' comparison raised ZeroDivisionError there."""
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+    from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
     import draftcore
     from draftcore.drafters import TrieDrafter

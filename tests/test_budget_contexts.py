@@ -123,7 +123,7 @@ def test_sizes_between_two_measured_are_guessed_from_the_growth_between_them():
 
 
 def test_the_loop_tells_the_budget_each_steps_context():
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+    from fixtures.toy import ToyModel, ToyVerifier
 
     seen = []
 

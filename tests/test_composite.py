@@ -31,7 +31,7 @@ from draftcore.jit import kernels
 from naive import jacobi_pool_contents, naive_count_outcomes, naive_count_verified, naive_merge_trees
 from naive_sampling import VARIANTS, goodness_of_fit, naive_sample_step
 from test_sharing import assert_threads_match_plain, prompts, tiny_switch_interval  # noqa: F401 - a fixture
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
 VOCAB = 24
 
@@ -178,7 +178,7 @@ def tiny_hf():
     pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from draftcore.adapters.torch_hf import HFVerifier
-    from draftcore.tools.fixtures.tiny_llama import tiny_llama
+    from fixtures.tiny_llama import tiny_llama
     model = tiny_llama(seed=0)
     return model, HFVerifier(model)
 
@@ -214,7 +214,7 @@ def llamacpp_tiny(tmp_path_factory):
     pytest.importorskip("transformers")
     import llama_cpp
     from draftcore.adapters.llamacpp import LlamaCppVerifier
-    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
+    from fixtures.gguf_writer import write_tiny_llama_gguf
     from test_llamacpp_verifier import EXACT, F32, VOCAB as LLAMA_VOCAB
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_tiny_llama_gguf(path, seed=0, vocab_size=LLAMA_VOCAB)

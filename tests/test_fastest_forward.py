@@ -18,7 +18,7 @@ from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf import attention_backends, verifier as verifier_module  # noqa: E402
 from draftcore.adapters.torch_hf.fastest_forward import (  # noqa: E402
     RECHECK_EVERY, RECHECK_SHARE, TRIALS, WINDOW, FastestForward, bucket_range, context_bucket)
-from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+from fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 
 class FakeClock:

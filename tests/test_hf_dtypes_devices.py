@@ -27,7 +27,7 @@ import draftcore  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf.selfcheck import RELATIVE_TOLERANCE  # noqa: E402
 from draftcore.selfcheck import check_tree_attention, relative_error  # noqa: E402
-from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+from fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 from test_hf_verifier import (MaskDroppingLlama, _node_path, assert_same_greedy, generate_greedy,  # noqa: E402
                               random_tree)

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from draftcore import DraftTree  # noqa: E402
 from draftcore.adapters.torch_hf import kv_cache  # noqa: E402
 from draftcore.adapters.torch_hf.masks import tree_forward_inputs  # noqa: E402
-from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+from fixtures.tiny_llama import tiny_llama  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 MAX_LENGTH = 512

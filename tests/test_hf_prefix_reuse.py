@@ -23,7 +23,7 @@ from draftcore import ConfigError, DraftTree  # noqa: E402
 from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf.prefix_reuse import (  # noqa: E402
     FORWARD_ROWS, attention_pairs_per_row, plan_cost, reuse_plan)
-from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+from fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 from test_hf_verifier import FP32_ATOL, assert_same_greedy, generate_greedy, smollm2  # noqa: E402,F401
 

@@ -28,7 +28,7 @@ from draftcore.adapters.torch_hf import HFVerifier  # noqa: E402
 from draftcore.adapters.torch_hf.kv_cache import cache_keyword  # noqa: E402
 from draftcore.adapters.torch_hf.selfcheck import check_tree_attention  # noqa: E402
 from draftcore.selfcheck import N_POSITIONS  # noqa: E402
-from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+from fixtures.tiny_llama import tiny_llama  # noqa: E402
 from transformers import DynamicCache, LlamaForCausalLM  # noqa: E402
 
 FP32_ATOL = 1e-4

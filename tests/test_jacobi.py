@@ -18,7 +18,7 @@ from draftcore.drafters import jacobi_kernels
 from draftcore.drafters.jacobi import JacobiDrafter, JacobiRequest
 from draftcore.jit import kernels
 from naive import NaivePool, jacobi_pool_contents, naive_window_step, window_node_parent
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+from fixtures.toy import ToyModel, ToyVerifier
 
 K = kernels("draftcore.drafters.jacobi_kernels")
 

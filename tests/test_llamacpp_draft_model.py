@@ -28,7 +28,7 @@ PROMPTS = [[1, 300, 301, 302, 303, 300, 301, 302, 303, 300, 301],
 def tiny_gguf(tmp_path_factory):
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
-    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
+    from fixtures.gguf_writer import write_tiny_llama_gguf
     path = tmp_path_factory.mktemp("gguf-draft") / "tiny.gguf"
     write_tiny_llama_gguf(path, seed=0, vocab_size=512)
     return str(path)
@@ -217,7 +217,7 @@ def test_inexact_batches_are_warned_about_once(packaged_gguf):
 @pytest.fixture(scope="module")
 def smollm2_f32_gguf(smollm2, tmp_path_factory):
     from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
-    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+    from fixtures.gguf_writer import write_llama_gguf
     return str(write_llama_gguf(smollm2[0], tmp_path_factory.mktemp("smol-f32") / "smollm2-f32.gguf",
                                 tokenizer_from=packaged_gguf()))
 
@@ -255,7 +255,7 @@ def test_a_prompt_made_slow_by_logits_all_is_warned_about_with_the_measured_cost
     pytest.importorskip("torch")
     from draftcore.adapters.llamacpp.logits_cost import (SLOWDOWN_WARNED, AllLogitsCostWarning,
                                                          all_logits_slowdown, warn_if_slow)
-    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
+    from fixtures.gguf_writer import write_tiny_llama_gguf
     big = tmp_path / "vocab262k.gguf"
     write_tiny_llama_gguf(big, seed=0, vocab_size=262_144)
     draft_model = DraftcoreDraftModel(budget=4)

@@ -46,7 +46,7 @@ def tiny(tmp_path_factory):
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
+    from fixtures.gguf_writer import write_tiny_llama_gguf
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     model = write_tiny_llama_gguf(path, seed=0, vocab_size=VOCAB)
     return path, model
@@ -194,7 +194,7 @@ def test_tied_embeddings_round_trip(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")
     import torch
-    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+    from fixtures.gguf_writer import write_llama_gguf
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -725,7 +725,7 @@ def long_gguf(tmp_path_factory):
     context length, llama.cpp's n_ctx_train, differs)."""
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
-    from draftcore.tools.fixtures.gguf_writer import write_tiny_llama_gguf
+    from fixtures.gguf_writer import write_tiny_llama_gguf
     path = tmp_path_factory.mktemp("gguf-long") / "tiny-2048.gguf"
     write_tiny_llama_gguf(path, seed=0, vocab_size=VOCAB, max_position=2048)
     return path
@@ -785,7 +785,7 @@ def smollm2_f32(tmp_path_factory):
         source = smollm2.packaged_gguf()
     except DraftcoreError as exc:
         pytest.skip(str(exc))
-    from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+    from fixtures.gguf_writer import write_llama_gguf
     model, _ = smollm2.load_smollm2()
     path = tmp_path_factory.mktemp("smollm2") / "smollm2-f32.gguf"
     write_llama_gguf(model, path, tokenizer_from=source)

@@ -360,7 +360,7 @@ def test_requests_share_nothing():
 
 def test_speculate_with_ngram_drafter_is_plain_greedy_smoke():
     """The full losslessness matrix is in tests/test_composite.py; this is the n-gram file's own check."""
-    from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+    from fixtures.toy import ToyModel, ToyVerifier
     model = ToyModel(vocab_size=12, seed=2)
     prompt = np.tile(np.array([1, 5, 7, 3], np.int32), 5)
     result = draftcore.speculate(ToyVerifier(model), prompt, max_new_tokens=40, drafter=NGramDrafter(branching=2),

@@ -15,7 +15,7 @@ from draftcore.errors import ConfigError, InputError  # noqa: E402
 from draftcore.tree import DraftTree  # noqa: E402
 
 from onnx_fixtures import plain_greedy  # noqa: E402
-from draftcore.tools.fixtures.tiny_llama import tiny_llama  # noqa: E402
+from fixtures.tiny_llama import tiny_llama  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
 NEAR_TIE = 1e-3

@@ -9,7 +9,7 @@ from draftcore import CostAwareBudget, DraftTree
 from draftcore.jit import kernels
 from draftcore.outcomes import ProposalOutcomes
 from naive import naive_expected_accepted, naive_would_accept
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
 
 def random_tree(rng, n: int, vocab: int) -> DraftTree:

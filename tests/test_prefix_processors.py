@@ -12,7 +12,7 @@ from draftcore import BackendError, ConfigError, SamplingParams
 from draftcore.processors import LogitsProcessor
 from naive_sampling import exact_sequence_probs, goodness_of_fit
 from test_sampling import BUDGET, LENGTH, MAX_NEW, MODEL, PROMPT, VOCAB, FastToyVerifier, make_drafter
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+from fixtures.toy import ToyModel, ToyVerifier
 
 
 def favour_next_of_last(prefix, logits):

@@ -22,7 +22,7 @@ from draftcore import ConfigError, DraftTree, FixedBudget, TrieDrafter
 from draftcore.acceptance import greedy_accept
 from naive import naive_greedy_accept
 from test_speculate import SETTINGS, OracleDrafter, check_result, continuation, expected_output, requests
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, _mix
+from fixtures.toy import ToyModel, ToyVerifier, _mix
 
 
 # -- a drafter whose trees carry a window -------------------------------------------------------------------

@@ -30,7 +30,7 @@ from draftcore.processors import LogitsProcessor, softmax
 from naive_sampling import (VARIANTS, chi2_sf, exact_sequence_probs, goodness_of_fit, naive_process,
                             naive_sample_accept, naive_sample_step)
 from test_speculate import ChainDrafter, RandomTreeDrafter, _Base
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, _mix
+from fixtures.toy import ToyModel, ToyVerifier, _mix
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -15,7 +15,7 @@ import pytest
 
 import draftcore
 from draftcore import BusyError, ConfigError, CostAwareBudget, InputError, TrieDrafter
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, plain_greedy
+from fixtures.toy import ToyModel, ToyVerifier, plain_greedy
 
 VOCAB = 24
 
@@ -90,7 +90,7 @@ def test_threads_share_one_trie_exactly_tiny_llama(tiny_switch_interval):
     pytest.importorskip("transformers")
     from draftcore.adapters.torch_hf import HFVerifier
     from test_hf_verifier import assert_same_greedy, generate_greedy
-    from draftcore.tools.fixtures.tiny_llama import tiny_llama
+    from fixtures.tiny_llama import tiny_llama
 
     model = tiny_llama(seed=0)
     vocab = model.config.vocab_size

@@ -17,7 +17,7 @@ import draftcore
 from draftcore import BackendError, ConfigError, DraftcoreError, DraftTree, InputError, TrieDrafter
 from draftcore.acceptance import greedy_accept
 from naive import naive_greedy_accept, pool_contents
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier, _mix
+from fixtures.toy import ToyModel, ToyVerifier, _mix
 
 SETTINGS = settings(max_examples=100, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

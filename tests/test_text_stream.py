@@ -8,7 +8,7 @@ import pytest
 import draftcore
 from draftcore import ConfigError
 from draftcore.text import IncrementalText
-from draftcore.tools.fixtures.toy import ToyModel, ToyVerifier
+from fixtures.toy import ToyModel, ToyVerifier
 
 TEXT = "Café 日本語 🙂 naïve — ok; ünïcödé ✓ 中文字符 end"
 

@@ -6,5 +6,6 @@ Depends on the runtime (`draftcore`) and the adapters, never the other way round
 the adapters import nothing from here. Only backends/ names adapters (each backend's bench hooks,
 `make demo`, the vLLM engines); the modules here find backends through `draftcore.tools.backends`
 (entry points), so a third-party backend plugs in the same way. variants.py registers the drafter
-variants kept for measurement; fixtures/ holds the models and references tests and benchmarks share.
+variants kept for measurement. The models and references that tests and benchmarks share live in
+tests/fixtures, outside the installed package.
 """

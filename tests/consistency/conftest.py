@@ -62,7 +62,7 @@ def make_verifier(tiny_folder, tmp_path_factory):
             llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (draftcore[llamacpp])")
             pytest.importorskip("gguf", reason="gguf is not installed (draftcore[llamacpp])")
             from draftcore.adapters.llamacpp import LlamaCppVerifier
-            from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+            from fixtures.gguf_writer import write_llama_gguf
             path = write_llama_gguf(model, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
             return LlamaCppVerifier.from_gguf(path, n_ctx=512, n_seq_max=33, n_threads=1, type_k=llama_cpp.GGML_TYPE_F32,
                                               type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)

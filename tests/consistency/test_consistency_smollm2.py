@@ -51,7 +51,7 @@ def smol_verifier(smol, smollm2, tmp_path_factory):
             llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
             from draftcore.adapters.llamacpp import LlamaCppVerifier
             from draftcore.adapters.torch_hf.smollm2 import packaged_gguf
-            from draftcore.tools.fixtures.gguf_writer import write_llama_gguf
+            from fixtures.gguf_writer import write_llama_gguf
             path = write_llama_gguf(smol[0], tmp_path_factory.mktemp("smol-gguf") / "smollm2-f32.gguf",
                                     tokenizer_from=packaged_gguf())
             made[name] = LlamaCppVerifier.from_gguf(path, n_ctx=1024, n_threads=2, type_k=llama_cpp.GGML_TYPE_F32,

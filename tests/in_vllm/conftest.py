@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
-    from draftcore.tools.fixtures.tiny_llama import tiny_llama
+    from fixtures.tiny_llama import tiny_llama
     path = tmp_path_factory.mktemp("tiny-llama")
     # head_dim 64: vLLM's CPU attention kernels take 32, 64, 80, 96, 112, 128 ... (not tiny_llama's default 16)
     tiny_llama(seed=0, vocab_size=512, hidden=128, heads=2, kv_heads=1, intermediate=256).save_pretrained(path)
