@@ -85,8 +85,18 @@ def test_adapters_import_no_tooling_and_no_other_adapter():
                                                                     sorted(within(names, "draftcore.tools") | others))
 
 
-def test_nothing_shipped_or_benchmarked_imports_the_tests():
-    for path in python_files("draftcore", "adapters", "benchmarks", "examples"):
+def test_nothing_shipped_imports_the_tests():
+    for path in python_files("draftcore", "adapters", "examples"):
         text = path.read_text()
         assert "tests" not in {n.split(".")[0] for n in imports_of(path)}, str(path.relative_to(ROOT))
         assert '"tests"' not in text and "'tests'" not in text, f"{path.relative_to(ROOT)} names the tests folder"
+
+
+def test_benchmarks_reach_into_the_tests_only_for_their_fixtures():
+    """tests/fixtures (the toy model, the tiny Llama, the GGUF writer, the naive trie) is the one part of
+    tests/ that benchmarks share: it stays out of the wheel. Any other test module stays the tests' own."""
+    tests = ROOT / "tests"
+    test_modules = {p.stem for p in tests.glob("*.py")} | {p.name for p in tests.iterdir() if p.is_dir()}
+    for path in python_files("benchmarks"):
+        reached = {n.split(".")[0] for n in imports_of(path)} & (test_modules - {"fixtures"})
+        assert not reached, f"{path.relative_to(ROOT)} imports test modules {sorted(reached)}"
