@@ -16,7 +16,7 @@ and the cheapest of a fresh prefill and the rest in 1, 2, 3, ... even chunks run
 comes from the model's shapes (`attention_pairs_per_row`): a row's Linear FLOPs over a pair's
 attention FLOPs, 3,072 for SmolLM2-135M. Timed on SmolLM2, HF float32, fifth 2-core AVX-512 EPYC,
 the fastest of 3 (`benchmarks/prefill_reuse.py --splits ...`,
-docs/results/prefill_plans_cpu_avx512_fifth.json), ms:
+docs/results/prefill-plans_hf_cpu-avx512_2026-12-04.json), ms:
 
     kept / prompt   fresh   one forward   2 chunks   3 chunks   4 chunks   picked
     35 / 250        375     338           492        576        665        one forward

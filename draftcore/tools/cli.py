@@ -3,7 +3,7 @@
     draftcore replay --traces traces.jsonl.gz --eos 2            the library's defaults on recorded outputs, no model
     draftcore bench --backend hf --datasets humaneval,mtbench --n 20  methods side by side on a real model
     draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl.gz   plain greedy traces
-    draftcore results                        docs/results.md (and README.md's results block) from docs/results/*.json
+    draftcore results                        docs/results.md + archive (+ README blocks) from docs/results/*.json
 
 `replay`'s defaults are the library's: with no trie option and no --budget it replays the bare call
 `draftcore.speculate(verifier, prompt)` (the verifier's session TrieDrafter and auto budget), so it
@@ -193,7 +193,11 @@ def _record_command(args) -> int:
 
 
 def _results_command(args) -> int:
-    from .results import default_inputs, write_results
+    from .results import default_inputs, load_report, result_name, write_results
+    if args.name:   # the name each JSON takes in docs/results/, nothing written
+        for path in args.inputs or default_inputs():
+            print(f"{path}: {result_name(load_report(path))}")
+        return 0
     readme = args.readme
     if readme is None and os.path.isfile("README.md"):
         readme = "README.md"
@@ -322,11 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_file_to_write, required=True)
     p.set_defaults(func=_record_command)
 
-    p = sub.add_parser("results", help="write docs/results.md (and README.md's results block) from benchmarks' JSON")
+    p = sub.add_parser("results", help="write docs/results.md, its archive (and README.md's results blocks) from "
+                                        "benchmarks' JSON")
     p.add_argument("inputs", nargs="*", metavar="JSON",
                    help="benchmark JSON files, each with a report (default: docs/results/*.json, sorted by name)")
     p.add_argument("--out", type=_file_to_write, default=os.path.join("docs", "results.md"),
-                   help="the page written (default: docs/results.md)")
+                   help="the page written: the newest run of each measurement (default: docs/results.md); "
+                        "every other run goes to the archive beside it (docs/results-archive.md)")
+    p.add_argument("--name", action="store_true",
+                   help="print the name each JSON takes in docs/results/ (<benchmark>_<backend>_<machine kind>_"
+                        "<date>.json) and write nothing")
     p.add_argument("--readme", default=None,
                    help="README whose results block is refreshed (default: README.md, when there is one)")
     p.set_defaults(func=_results_command)
