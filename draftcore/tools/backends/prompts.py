@@ -6,6 +6,9 @@ llama.cpp (with the default model), so their benchmarks compare like with like.
                                           Python documentation requests (`pydoc`: 400-1,200 tokens
                                           each) and the workloads `edit`, `agent`, `extract`
                                           (datasets.py) through the chat template
+    encode_request(tokenizer, request)    a user's own prompt (`draftcore bench --prompts`,
+                                          prompt_file.py): a text as the tokenizer encodes it, a chat
+                                          through the tokenizer's own chat template
 """
 from __future__ import annotations
 
@@ -31,9 +34,7 @@ def load_tokenizer(model_path: str | None = None):
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     """The first `n` prompts of `dataset` (DATASETS) as `tokenizer` encodes them."""
     def chat(request):
-        """A user message (str) or a whole chat (a list of messages) through the chat template."""
-        messages = [{"role": "user", "content": request}] if isinstance(request, str) else request
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return _chat_ids(tokenizer, request)
 
     if dataset == "humaneval":
         texts = [p["prompt"] for p in humaneval_problems()[:n]]
@@ -47,3 +48,25 @@ def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
     else:
         raise InputError(f"dataset: expected one of {list(DATASETS)}, got {dataset!r}")
     return [Prompt(dataset, i, np.asarray(x, np.int32)) for i, x in enumerate(ids)]
+
+
+def encode_request(tokenizer, request: str | list[dict]) -> list[int]:
+    """A user's prompt (prompt_file.py) as token ids: a text as `tokenizer(text)` encodes it, so with
+    the special tokens the tokenizer adds itself (a BOS where the model wants one) and those written
+    in the text read as such, as a user's own call would; a chat (a list of {"role", "content"}
+    messages) through the tokenizer's chat template, the assistant's turn opened. InputError for a
+    chat when the tokenizer has no template: another model's format would measure other prompts."""
+    if isinstance(request, str):
+        return list(tokenizer(request)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"prompts: a chat prompt needs the model's chat template, and the tokenizer of "
+                         f"{getattr(tokenizer, 'name_or_path', '') or 'this model'!r} has none; expected a model "
+                         f'folder with one, or the prompts as texts ({{"prompt": ...}}) formatted as your server '
+                         f"formats them")
+    return _chat_ids(tokenizer, request)
+
+
+def _chat_ids(tokenizer, request: str | list[dict]) -> list[int]:
+    """A user message (str) or a whole chat (a list of messages) through the chat template."""
+    messages = [{"role": "user", "content": request}] if isinstance(request, str) else request
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
