@@ -35,7 +35,7 @@ def python_blocks(path=README) -> list:
     headings = [(m.start(), m.group("title")) for m in _HEADING.finditer(text)]
     blocks = []
     for fence in _FENCE.finditer(text):
-        if fence.group("lang").strip().lower() not in ("python", "py"):
+        if fence.group("lang").strip().lower() not in ("python", "py", "python3"):
             continue
         # headings inside other fences (a bash comment) are not headings: keep only those outside every fence
         heading = ""
