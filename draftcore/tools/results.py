@@ -56,7 +56,7 @@ DEFAULT_BACKENDS = {
     "prefill-plans": "hf", "end-to-end-bound": "hf", "hf-kernel-race": "hf", "hf-verify-cost": "hf",
     "model-outputs-value": "hf", "llamacpp-kv-exactness": "llamacpp", "llamacpp-decode-ms": "llamacpp",
     "llamacpp-q41-divergence": "llamacpp", "shared-trie-threads": "tiny-llama", "vllm-proposer": "vllm",
-    "vllm-step-cost": "vllm",
+    "vllm-step-cost": "vllm", "serving": "llamacpp",
 }
 BACKEND_OPTIONS = ("--backend", "--backends", "--sections")   # gpu_check's sections are its backends
 # An option that turns a program into another benchmark: (program, option) -> the benchmark it measures.
