@@ -60,6 +60,10 @@ def test_what_a_run_measured_is_read_from_its_command():
     replay = _report(".venv-vllm/bin/python benchmarks/chain_replay.py --token-cost 0.14 "
                      "--traces benchmarks/data/smollm2_workload_traces.jsonl.gz")
     assert (backend_of(replay), subject_of(replay)) == ("none", ("token-cost-0.14", "smollm2-workload"))
+    # serving's --server names the server, filed under the backend it runs (llama.cpp by default)
+    for server, backend in (("", "llamacpp"), (" --server llamacpp", "llamacpp"), (" --server transformers", "hf")):
+        served = _report(f".venv/bin/python benchmarks/serving.py{server} --n 20 --datasets edit,mtbench")
+        assert (benchmark_of(served), backend_of(served), subject_of(served)) == ("serving", backend, ("edit-mtbench",))
     # a mode that measures something else is another benchmark
     plans = _report(".venv/bin/python benchmarks/prefill_reuse.py --splits 35/250,109/224")
     assert (benchmark_of(plans), backend_of(plans), subject_of(plans)) == ("prefill-plans", "hf", ())

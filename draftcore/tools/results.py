@@ -58,7 +58,10 @@ DEFAULT_BACKENDS = {
     "llamacpp-q41-divergence": "llamacpp", "shared-trie-threads": "tiny-llama", "vllm-proposer": "vllm",
     "vllm-step-cost": "vllm", "serving": "llamacpp",
 }
-BACKEND_OPTIONS = ("--backend", "--backends", "--sections")   # gpu_check's sections are its backends
+# The options that name the backends a run measured, each with the backend a word of its value names
+# where the word is not a backend's own name: gpu_check's sections are its backends, and serving's
+# --server names a server, `transformers serve` running the HF model.
+BACKEND_OPTIONS = {"--backend": {}, "--backends": {}, "--sections": {}, "--server": {"transformers": "hf"}}
 # An option that turns a program into another benchmark: (program, option) -> the benchmark it measures.
 MODES = {("prefill-reuse", "--splits"): "prefill-plans"}      # times the HF prefill's plans instead
 # The options that choose what a run measured, each as it reads in a slug; every other option says how
@@ -210,7 +213,8 @@ def backend_of(report: dict) -> str:
     """The backends a run measured, joined by "-" (hf, llamacpp-onnx, vllm): those its command names,
     else its program's (`DEFAULT_BACKENDS`); "none" for a run with no model's backend (a replay)."""
     options = parse_command(report["command"]).options
-    named = next((options[option] for option in BACKEND_OPTIONS if options.get(option)), None)
+    named = next((",".join(backends.get(word.strip(), word) for word in options[option].split(","))
+                  for option, backends in BACKEND_OPTIONS.items() if options.get(option)), None)
     return _listed(named or DEFAULT_BACKENDS.get(benchmark_of(report), "none"))
 
 
