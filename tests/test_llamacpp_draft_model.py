@@ -1,8 +1,9 @@
 """`Llama(draft_model=DraftcoreDraftModel())`: llama-cpp-python's own calls, unchanged, with
 draftcore drafting. Greedy completions (plain, streamed, chat) equal the same Llama settings without
 a draft model, on the tiny F32 GGUF (exact) and, slow, on SmolLM2 in F32; drafts are accepted.
-Past n_batch positions through `speculative_llama` (logits_all=True); a Llama without it is refused by
-name; quantized batches that differ from one-token decoding are warned about once."""
+Past n_batch positions through `speculative_llama` (a SpeculativeLlama, no logits_all needed: its own
+tests are tests/test_llamacpp_speculative_llama.py); a Llama built by hand without logits_all is
+refused by name; quantized batches that differ from one-token decoding are warned about once."""
 import warnings
 
 import numpy as np
@@ -132,14 +133,14 @@ def plain_1024(tiny_gguf):
 
 
 def test_speculative_llama_equals_plain_past_n_batch(tiny_gguf, plain_1024):
-    """Completion, streaming and a two-turn chat whose positions pass n_batch: with logits_all=True
-    (speculative_llama passes it) llama-cpp-python's logits buffer holds n_ctx rows. On the F32 tiny
-    GGUF batches are exact: the construction self-check warns about nothing."""
+    """Completion, streaming and a two-turn chat whose positions pass n_batch (512, the default):
+    speculative_llama's default logits_all=False keeps no logits buffer past n_batch rows and needs
+    none. On the F32 tiny GGUF batches are exact: the construction self-check warns about nothing."""
     draft_model = DraftcoreDraftModel(budget=8)
     with warnings.catch_warnings():
         warnings.simplefilter("error", InexactBatchWarning)
         spec = speculative_llama(tiny_gguf, n_ctx=1024, draft_model=draft_model, **EXACT)
-        assert isinstance(spec, llama_cpp.Llama) and spec.draft_model is draft_model
+        assert isinstance(spec, llama_cpp.Llama) and spec.draft_model is draft_model and spec._logits_all is False
         assert draft_model.self_check_error is not None                 # checked at construction
         want = completion(plain_1024, LONG_PROMPT, max_tokens=300)
         assert want[2]["total_tokens"] > 600 and completion(spec, LONG_PROMPT, max_tokens=300) == want
@@ -161,16 +162,17 @@ def test_speculative_llama_equals_plain_past_n_batch(tiny_gguf, plain_1024):
 def test_a_llama_without_logits_all_is_refused_by_name(tiny_gguf):
     """Llama(draft_model=...) without logits_all=True sizes its logits buffer for n_batch positions:
     past them llama-cpp-python failed with a numpy broadcast ValueError. The first draft-model call
-    raises a ConfigError naming the argument instead, whatever the prompt's length, and drafts
-    nothing; speculative_llama refuses logits_all=False."""
+    raises a ConfigError naming the argument and the drop-in instead, whatever the prompt's length,
+    and drafts nothing. speculative_llama needs no logits_all (it writes no such buffer) and takes
+    logits_all=False as its default (test_speculative_llama_equals_plain_past_n_batch)."""
     draft_model = DraftcoreDraftModel(budget=8)
     spec = llama_cpp.Llama(tiny_gguf, n_ctx=1024, draft_model=draft_model, **EXACT)
     for prompt in (LONG_PROMPT, PROMPTS[1]):
-        with pytest.raises(ConfigError, match=r"logits_all: .*logits_all=False.*Expected logits_all=True"):
+        with pytest.raises(ConfigError, match=r"logits_all: .*logits_all=False.*Expected .*speculative_llama"
+                                              r".*or logits_all=True"):
             completion(spec, prompt, max_tokens=300)
     assert draft_model.steps == 0
-    with pytest.raises(ConfigError, match="logits_all: expected True"):
-        speculative_llama(tiny_gguf, n_ctx=1024, logits_all=False, **EXACT)
+    assert speculative_llama(tiny_gguf, n_ctx=1024, logits_all=False, **EXACT)._logits_all is False
     with pytest.raises(ConfigError, match="draft_model: expected"):
         speculative_llama(tiny_gguf, draft_model=42, **EXACT)
     with pytest.raises(ConfigError, match="llm: expected a llama_cpp.Llama"):
@@ -250,7 +252,9 @@ def test_a_prompt_made_slow_by_logits_all_is_warned_about_with_the_measured_cost
     """A draft model makes llama-cpp-python compute and copy every position's logits. Over a
     262,144-token vocabulary (a tiny random Llama: the head is nearly all of the model) that makes a
     prompt's evaluation several times slower: the drop-in measures it on its first Llama and warns
-    once, naming the vocabulary and the way out. Over 512 tokens it stays under the threshold."""
+    once, naming the vocabulary and the way out (speculative_llama; LlamaCppVerifier for trees). Over
+    512 tokens it stays under the threshold. A SpeculativeLlama is never measured (it computes the
+    rows it samples only: tests/test_llamacpp_speculative_llama.py)."""
     pytest.importorskip("gguf")
     pytest.importorskip("torch")
     from draftcore.adapters.llamacpp.logits_cost import (SLOWDOWN_WARNED, AllLogitsCostWarning,
@@ -260,7 +264,7 @@ def test_a_prompt_made_slow_by_logits_all_is_warned_about_with_the_measured_cost
     write_tiny_llama_gguf(big, seed=0, vocab_size=262_144)
     draft_model = DraftcoreDraftModel(budget=4)
     llm = llama_cpp.Llama(str(big), n_ctx=256, logits_all=True, draft_model=draft_model, **EXACT)
-    with pytest.warns(AllLogitsCostWarning, match=r"262,144-token vocabulary .*LlamaCppVerifier") as caught:
+    with pytest.warns(AllLogitsCostWarning, match=r"262,144-token vocabulary .*speculative_llama.*LlamaCppVerifier") as caught:
         for _ in range(2):
             llm.create_completion([1, 300, 301, 302, 300, 301], max_tokens=4, temperature=0.0)
     assert [w.category for w in caught if w.category is AllLogitsCostWarning] == [AllLogitsCostWarning]

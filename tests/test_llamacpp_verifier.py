@@ -168,7 +168,8 @@ def test_numba_loaded_first_is_warned_about_on_gpu_builds():
 def test_fixtures_are_not_part_of_the_adapter():
     import draftcore.adapters.llamacpp as adapter
     assert sorted(adapter.__all__) == ["AllLogitsCostWarning", "ChainOnlyWarning", "DraftcoreDraftModel",
-                                     "InexactBatchWarning", "LlamaCppVerifier", "speculative_llama"]
+                                     "InexactBatchWarning", "LlamaCppVerifier", "SpeculativeLlama",
+                                     "speculative_llama"]
     assert not hasattr(adapter, "write_llama_gguf") and not hasattr(adapter, "write_tiny_llama_gguf")
 
 

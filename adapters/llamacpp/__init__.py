@@ -4,7 +4,8 @@
     verifier = LlamaCppVerifier.from_gguf("model.gguf", n_ctx=4096)      # tree-capable context
     verifier = LlamaCppVerifier.from_llama(llm)                         # an existing llama_cpp.Llama
     llm = speculative_llama("model.gguf", n_ctx=4096)   # or: llama-cpp-python's own loop drafting with
-                                                       # draftcore (a Llama; chains only)
+                                                       # draftcore (a Llama subclass, SpeculativeLlama;
+                                                       # chains only)
 
 Needs llama-cpp-python (`pip install 'draftcore[llamacpp]'`); `import draftcore` alone never imports it.
 
@@ -36,10 +37,11 @@ if _loaded_before("numba", "llama_cpp") and llama_cpp.llama_supports_gpu_offload
         "first. Import draftcore.adapters.llamacpp (or llama_cpp) before building any drafter or "
         "DraftTree, e.g. at the top of your program.", RuntimeWarning, stacklevel=2)
 
-from .draft_model import DraftcoreDraftModel, speculative_llama  # noqa: E402
+from .draft_model import DraftcoreDraftModel  # noqa: E402
 from .logits_cost import AllLogitsCostWarning  # noqa: E402
 from .numerics import InexactBatchWarning  # noqa: E402
+from .speculative_llama import SpeculativeLlama, speculative_llama  # noqa: E402
 from .verifier import ChainOnlyWarning, LlamaCppVerifier  # noqa: E402
 
 __all__ = ["LlamaCppVerifier", "ChainOnlyWarning", "InexactBatchWarning", "AllLogitsCostWarning",
-           "DraftcoreDraftModel", "speculative_llama"]
+           "DraftcoreDraftModel", "SpeculativeLlama", "speculative_llama"]

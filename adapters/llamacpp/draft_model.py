@@ -1,9 +1,10 @@
 """`DraftcoreDraftModel`: draftcore's drafting inside llama-cpp-python's own speculative loop.
 
     from draftcore.adapters.llamacpp import speculative_llama
-    llm = speculative_llama("model.gguf", n_ctx=4096)        # a llama_cpp.Llama, drafting with draftcore
-
-    # or, by hand: logits_all=True is required once n_ctx exceeds n_batch (below)
+    llm = speculative_llama("model.gguf", n_ctx=4096)   # a llama_cpp.Llama (SpeculativeLlama), drafting
+                                                       # with draftcore; computes only the logits it reads
+    # or, by hand: logits_all=True is required once n_ctx exceeds n_batch (below), and every row's
+    # logits are computed and copied (slow prompts on large vocabularies)
     llm = Llama(model_path="model.gguf", n_ctx=4096, logits_all=True, draft_model=DraftcoreDraftModel())
 
 llama-cpp-python calls its `draft_model` with the whole context (prompt + generated) before every
@@ -25,14 +26,16 @@ What the draft model does per call:
 One draft model serves one `Llama` at a time (llama-cpp-python's loop is sequential); a second
 concurrent caller gets `BusyError`. Several may share one TrieDrafter (`drafter=`).
 
-Three checks of the Llama served, since llama-cpp-python's own settings can break or change its output:
-  * logits_all: a draft model makes llama-cpp-python keep every position's logits, but it sizes that
-    buffer (`Llama.scores`) from the constructor's `logits_all`: without logits_all=True it holds
-    n_batch rows, and `Llama.eval` fails with a numpy broadcast ValueError once prompt + output pass
-    n_batch (512 by default) positions. The first call from each Llama raises a ConfigError instead.
-    It cannot catch a first prompt already longer than n_batch: that fails inside the prompt's
-    evaluation, before any draft-model call. `speculative_llama` has no such case: it always passes
-    logits_all=True.
+Checks of the Llama served, since llama-cpp-python's own settings can break or change its output:
+  * logits_all (a Llama built by hand only): a draft model makes llama-cpp-python keep every position's
+    logits, but it sizes that buffer (`Llama.scores`) from the constructor's `logits_all`: without
+    logits_all=True it holds n_batch rows, and `Llama.eval` fails with a numpy broadcast ValueError
+    once prompt + output pass n_batch (512 by default) positions. The first call from each Llama raises
+    a ConfigError instead. It cannot catch a first prompt already longer than n_batch: that fails
+    inside the prompt's evaluation, before any draft-model call. A SpeculativeLlama
+    (speculative_llama.py) has no such case: it writes that buffer only when built with logits_all=True.
+  * one step, one batch: llama-cpp-python samples from the last llama_decode's logits rows only, so
+    the model's token and the chain must fit one batch: max_draft_tokens + 1 <= n_batch (ConfigError).
   * batch exactness: the first Llama served (or `speculative_llama`, at construction) is
     self-checked as `LlamaCppVerifier` is: a 5-node tree against one-token decoding, on a small
     context of its own with the Llama's settings (verifier.llama_batch_error), so the Llama's KV cache
@@ -42,9 +45,10 @@ Three checks of the Llama served, since llama-cpp-python's own settings can brea
     It warns too where the Llama's settings (flash attention, an F16/F32 KV cache, several threads)
     make one-token decoding split its attention across threads past 256 tokens of context and a
     batch not (numerics.split_attention_from): long prompts' output then drifts from plain greedy.
-  * the cost of logits_all: on the same first Llama it times a prompt batch with every row's logits
-    against the last row's only (logits_cost.py) and warns once (AllLogitsCostWarning) where that
-    makes prompts much slower, as a large vocabulary over a small model does.
+  * the cost of logits_all (a Llama built by hand only): on the first such Llama served it times a prompt
+    batch with every row's logits against the last row's only (logits_cost.py) and warns once
+    (AllLogitsCostWarning, naming speculative_llama) where that makes prompts much slower, as a large
+    vocabulary over a small model does.
 The draft model is called with `Llama.input_ids[:n]` only: it finds the Llama as the caller's `self`
 (Llama.generate's frame), confirmed by `llm.draft_model is self` and the buffer the ids view; a call
 from anywhere else (a test calling it directly) is not checked. The Llama is never modified.
@@ -161,16 +165,21 @@ class DraftcoreDraftModel(LlamaDraftModel):
 
     def check_llama(self, llm) -> None:
         """Check `llm`, the llama_cpp.Llama this draft model serves (done on its first call from each
-        Llama, and by speculative_llama at construction): ConfigError when its logits buffer cannot
-        hold a row per position (logits_all, module docstring); on the first Llama checked, the batch
-        self-check (InexactBatchWarning where batches are not exact, `self_check_error`). A warning
-        turned into an error (warnings.simplefilter("error", InexactBatchWarning)) is raised by that
-        one call; speculative_llama raises it at construction instead."""
+        Llama, and by SpeculativeLlama at construction; module docstring): ConfigError when a step
+        cannot fit one batch, and, for a Llama built by hand, when its logits buffer cannot hold a
+        row per position; on the first Llama checked, the batch self-check (InexactBatchWarning where
+        batches are not exact, `self_check_error`); on the first Llama built by hand, the cost of
+        logits_all (AllLogitsCostWarning, `all_logits_slowdown`). A warning turned into an error
+        (warnings.simplefilter("error", InexactBatchWarning)) is raised by that one call;
+        speculative_llama raises it at construction instead."""
         if not isinstance(llm, Llama):
             raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
-        check_logits_all(llm)
+        check_step_fits_batch(self.max_draft_tokens, llm.n_batch)
+        by_hand = computes_every_row(llm)
+        if by_hand:
+            check_logits_all(llm)
+        lib = import_llama_cpp()
         if self.self_check and self.self_check_error is None:
-            lib = import_llama_cpp()
             self.self_check_error = llama_batch_error(llm)
             warn_if_inexact(lib, self.self_check_error, ftype=int(lib.llama_model_ftype(llm.model)),
                             flash_attn_type=int(llm.context_params.flash_attn_type), who="DraftcoreDraftModel",
@@ -178,9 +187,17 @@ class DraftcoreDraftModel(LlamaDraftModel):
             self.split_attention_from = check_split_attention(
                 lib, llm.ctx, llm.context_params, offloaded=offloads_layers(lib, llm.model_params.n_gpu_layers),
                 who="DraftcoreDraftModel")
+        if self.self_check and by_hand and self.all_logits_slowdown is None:
             self.all_logits_slowdown = all_logits_slowdown(lib, llm)
             warn_if_slow(self.all_logits_slowdown, llm.n_vocab())
         self._served.add(llm)
+
+    def __getstate__(self):
+        # pickle.dumps(llm) pickles its draft model (Llama.__getstate__ passes it to __init__ again).
+        raise ConfigError("draft_model: a DraftcoreDraftModel cannot be pickled (its drafter's state lives in "
+                          "compiled kernels), nor can a Llama holding one; expected the Llama to be built in the "
+                          "process that uses it: speculative_llama(model_path, ...). A TrieDrafter's learnt "
+                          "text moves with TrieDrafter.save(path) / TrieDrafter.load(path)")
 
     def _check_caller(self, input_ids, frame) -> None:
         """check_llama on the Llama making this call, the first time it calls: a call from the same
@@ -273,6 +290,25 @@ def serving_llama(draft_model, input_ids, frame) -> Llama | None:
     return None
 
 
+def computes_every_row(llm) -> bool:
+    """Whether `llm` is a Llama built by hand, whose draft model makes llama-cpp-python compute and
+    copy every row's logits; a SpeculativeLlama computes only the rows it samples."""
+    from .speculative_llama import SpeculativeLlama   # here: that module builds on this one
+
+    return not isinstance(llm, SpeculativeLlama)
+
+
+def check_step_fits_batch(max_draft_tokens: int, n_batch: int) -> None:
+    """ConfigError unless the model's token and a chain of `max_draft_tokens` fit one llama_decode of
+    `n_batch` tokens: llama-cpp-python cuts a longer evaluation into several, and its sampler reads the
+    last one's logits rows only (`llama_sampler_sample(ctx, idx - n_tokens)`)."""
+    if max_draft_tokens + 1 > n_batch:
+        raise ConfigError(f"max_draft_tokens: expected at most n_batch - 1 = {n_batch - 1} (llama-cpp-python "
+                          f"samples a step's tokens from one llama_decode of at most n_batch={n_batch} tokens: "
+                          f"the model's token and the chain), got {max_draft_tokens}; raise the Llama's n_batch "
+                          f"or lower max_draft_tokens")
+
+
 def check_logits_all(llm) -> None:
     """ConfigError unless `llm`'s scores buffer holds a logits row for every position it can evaluate.
 
@@ -287,43 +323,9 @@ def check_logits_all(llm) -> None:
             f"logits_all: this Llama was built with logits_all=False and a draft model: llama-cpp-python "
             f"then keeps every position's logits in a buffer of n_batch={rows} rows, and fails (a numpy "
             f"broadcast ValueError in Llama.eval) once prompt + output pass {rows} of its n_ctx={positions} "
-            f"positions. Expected logits_all=True: Llama(..., logits_all=True, draft_model=...), or "
-            f"draftcore.adapters.llamacpp.speculative_llama(model_path, ...), which passes it")
-
-
-def speculative_llama(model_path, *, draft_model=None, **llama_kwargs) -> Llama:
-    """A llama_cpp.Llama that drafts with draftcore: `Llama(model_path, draft_model=...,
-    logits_all=True, **llama_kwargs)`, checked (DraftcoreDraftModel.check_llama) before it returns.
-
-    draft_model: a DraftcoreDraftModel (default: a new one) or any llama-cpp-python LlamaDraftModel.
-    llama_kwargs: any other argument of llama_cpp.Llama (n_ctx, n_threads, flash_attn, ...).
-        logits_all=True is passed always: with a draft model llama-cpp-python keeps every position's
-        logits, in a buffer it sizes for n_ctx positions only when told logits_all=True (otherwise
-        n_batch, and a conversation past n_batch positions fails). logits_all=False is refused. It
-        costs n_ctx x n_vocab x 4 bytes of host memory, touched as positions fill (llama-cpp-python's
-        own speculative decoding needs the same).
-    A DraftcoreDraftModel's batch self-check runs here, so its InexactBatchWarning points at this
-    call; BackendError where batches are broken beyond the check's tolerance (the Llama is closed
-    when any check raises).
-    """
-    if "logits_all" in llama_kwargs and llama_kwargs["logits_all"] is not True:
-        raise ConfigError(f"logits_all: expected True (llama-cpp-python keeps every position's logits once it "
-                          f"has a draft model, and sizes its buffer for n_ctx positions only with "
-                          f"logits_all=True), got {describe(llama_kwargs['logits_all'])}")
-    llama_kwargs["logits_all"] = True
-    if draft_model is None:
-        draft_model = DraftcoreDraftModel()
-    elif not isinstance(draft_model, LlamaDraftModel):
-        raise ConfigError(f"draft_model: expected a DraftcoreDraftModel or a llama_cpp LlamaDraftModel, got "
-                          f"{describe(draft_model)}")
-    llm = Llama(model_path, draft_model=draft_model, **llama_kwargs)
-    if isinstance(draft_model, DraftcoreDraftModel):
-        try:
-            draft_model.check_llama(llm)
-        except BaseException:
-            llm.close()
-            raise
-    return llm
+            f"positions. Expected draftcore.adapters.llamacpp.speculative_llama(model_path, ...), which "
+            f"needs no logits_all and computes only the logits it reads, or logits_all=True: "
+            f"Llama(..., logits_all=True, draft_model=...)")
 
 
 def best_chain(tree: DraftTree) -> DraftTree:

@@ -1,12 +1,14 @@
-"""What llama-cpp-python's `logits_all` costs a prompt: measured, for the drop-in's warning.
+"""What llama-cpp-python's `logits_all` costs a prompt: measured, for the warning a Llama built by
+hand with a draft model gets.
 
-A `Llama` with a draft model keeps every position's logits (`logits_all`): llama.cpp computes the
+A `Llama(draft_model=...)` keeps every position's logits (`logits_all`): llama.cpp computes the
 output head for every token of a batch, not the last only, and `Llama.eval` copies each row into
 numpy. The head's share of a forward grows with the vocabulary: a 262k-token vocabulary over a small
 model makes the head most of the work, so a prompt's evaluation takes several times as long as
 plain decoding's, before any draft could pay for it. No draft model can avoid that cost (it is paid
 before the first call), so `DraftcoreDraftModel` measures it once and warns, pointing to
-`LlamaCppVerifier`, which asks llama.cpp for the logits it uses only.
+`speculative_llama` (a `SpeculativeLlama` asks llama.cpp for the logits rows it samples only, and is
+never measured) and to `LlamaCppVerifier` for trees.
 
 The measurement: one batch of PROMPT_TOKENS random tokens, decoded with the last row of logits and
 with every row (copied to numpy as `Llama.eval` does), alternately, median of REPS each after one
@@ -85,8 +87,10 @@ def warn_if_slow(slowdown: float, vocab: int) -> None:
     if slowdown <= SLOWDOWN_WARNED:
         return
     warnings.warn(AllLogitsCostWarning(
-        f"DraftcoreDraftModel: with a draft model attached, llama-cpp-python computes and copies every "
-        f"position's logits (logits_all); with this model's {vocab:,}-token vocabulary that makes a prompt's "
-        f"evaluation {slowdown:.1f}x as slow as plain decoding's (measured here), which drafting cannot win "
-        f"back on short answers. Use draftcore.speculate(LlamaCppVerifier.from_llama(llm), prompt) instead: "
-        f"it asks llama.cpp for the logits it uses only."), stacklevel=caller_stacklevel())
+        f"DraftcoreDraftModel: with a draft model attached to a Llama built by hand, llama-cpp-python computes "
+        f"and copies every position's logits (logits_all); with this model's {vocab:,}-token vocabulary that "
+        f"makes a prompt's evaluation {slowdown:.1f}x as slow as plain decoding's (measured here), which "
+        f"drafting cannot win back on short answers. Build it with "
+        f"draftcore.adapters.llamacpp.speculative_llama(model_path, ...) instead: the same llama_cpp.Llama, "
+        f"computing only the logits rows it samples (for draft trees: "
+        f"draftcore.speculate(LlamaCppVerifier.from_llama(llm), prompt))."), stacklevel=caller_stacklevel())
