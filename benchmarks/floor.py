@@ -17,6 +17,11 @@ for the lowest ratio and the prompts below 0.95x of the other methods (--no-cont
     .venv/bin/python benchmarks/floor.py                      # hf, llamacpp, onnx; 100,1000,3000; 3 prompts
     .venv/bin/python benchmarks/floor.py --backends hf --contexts 100,1000 --n 2 --new 32
     .venv/bin/python benchmarks/floor.py --rounds 3     # each prompt's median of 3 rounds
+    .venv/bin/python benchmarks/floor.py --backends llamacpp --vocab 262144   # a large vocabulary's head
+
+--vocab N runs the llama.cpp backend on SmolLM2 with its vocabulary padded to N tokens
+(draftcore/tools/padded_vocab.py: the same prompts and greedy answers, the output head of an N-token
+vocabulary); its rows read "llamacpp (vocab N)". The other backends run SmolLM2 as it is.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import sys
 import numpy as np
 from _common import write_report
 
+from draftcore.errors import ConfigError
 from draftcore.tools.backends import load_backend
 from draftcore.tools.bench import FLOOR, Prompt, kernel_choices, run_benchmark, summarize, with_control
 from draftcore.tools.report import command_line, machine_line, make_report, table, table_text
@@ -60,9 +66,10 @@ def context_prompts(tokenizer, document: np.ndarray, context: int, n: int) -> li
 
 
 def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str,
-                rounds: int = 1, control: bool = True) -> tuple[list[list], dict]:
+                rounds: int = 1, control: bool = True, vocab: int | None = None) -> tuple[list[list], dict]:
     backend = load_backend(name)
-    options = {"llamacpp": {"n_ctx": max(contexts) + new_tokens + 256}, "hf": {"attn": hf_attn}}.get(name, {})
+    options = {"llamacpp": {"n_ctx": max(contexts) + new_tokens + 256, "vocab": vocab},
+               "hf": {"attn": hf_attn}}.get(name, {})
     model, tokenizer = backend.load_model(None, **options)
     methods = backend.make_methods(model, tokenizer, METHODS)
     if control:   # the same plain decoding again: how far two runs of one thing differ here
@@ -72,7 +79,8 @@ def run_backend(name: str, contexts, n: int, new_tokens: int, hf_attn: str,
     for method in methods:   # one short warm-up run each: first-call costs are no method's speed
         method.run(prompts[0].ids[:64], 8)
     records = run_benchmark(methods, prompts, new_tokens, warmup=0, rounds=rounds)
-    rows = [[name, row["dataset"], row["method"], row["prompts"], f"{row['tok_s']:.1f}", f"{row['speedup']:.2f}x",
+    label = name if vocab is None or name != "llamacpp" else f"{name} (vocab {vocab})"
+    rows = [[label, row["dataset"], row["method"], row["prompts"], f"{row['tok_s']:.1f}", f"{row['speedup']:.2f}x",
              f"{row['speedup_all']:.2f}x", f"{row['speedup_min']:.2f}x", f"{row['below_floor']}/{row['prompts']}",
              f"{row['tokens_per_step']:.2f}", f"{row['identical']}/{row['prompts']}"]
             for row in summarize(records, baseline=methods[0].name)]
@@ -97,17 +105,24 @@ def main(argv=None) -> int:
                              "median round (a prompt's ratio then says less about the machine's noise)")
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the second run of plain decoding (the machine's noise)")
+    parser.add_argument("--vocab", type=int, default=None, metavar="N",
+                        help="llamacpp only: SmolLM2 with its vocabulary padded to N tokens (e.g. 262144)")
     parser.add_argument("--out", default="bench_out/floor")
     args = parser.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
+    if args.vocab is not None and "llamacpp" not in args.backends.split(","):
+        raise ConfigError(f"--vocab: pads the llama.cpp backend's model; expected llamacpp among --backends, "
+                          f"got --backends {args.backends!r}")
     rows, details = [], {}
     for name in args.backends.split(","):
         backend_rows, details[name] = run_backend(name, contexts, args.n, args.new, args.hf_attn, args.rounds,
-                                                     args.control)
+                                                     args.control, args.vocab)
         rows += backend_rows
         print(table_text(table("", HEADER, backend_rows)), flush=True)
     rounds = f", the median of {args.rounds} rounds per prompt" if args.rounds > 1 else ""
-    kept = table(f"budget 0 and the bare call against plain decoding, {args.new} new tokens{rounds}", HEADER, rows)
+    vocab = f", llamacpp on SmolLM2 padded to {args.vocab} tokens" if args.vocab is not None else ""
+    kept = table(f"budget 0 and the bare call against plain decoding, {args.new} new tokens{rounds}{vocab}",
+                 HEADER, rows)
     settings = {name: {**d["settings"], "kernel choices": d["kernel_choices"]} for name, d in details.items()}
     report = make_report("The floor: draftcore against each backend's plain decoding by context length", [kept],
                          command=command_line(sys.argv if argv is None else ["benchmarks/floor.py", *argv]),

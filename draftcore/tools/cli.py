@@ -3,6 +3,7 @@
     draftcore replay --traces traces.jsonl.gz --eos 2            the library's defaults on recorded outputs, no model
     draftcore bench --backend hf --datasets humaneval,mtbench --n 20  methods side by side on a real model
     draftcore bench --backend hf --model FOLDER --prompts mine.jsonl  the same on your model and prompts
+    draftcore bench --backend llamacpp --vocab 262144              SmolLM2 padded to a large vocabulary
     draftcore record --backend hf --dataset humaneval --n 40 --out t.jsonl.gz   plain greedy traces
     draftcore results                        docs/results.md + archive (+ README blocks) from docs/results/*.json
 
@@ -162,7 +163,7 @@ def _bench_command(args) -> int:
     config = _config(args)
     if user_prompts is not None:
         config.update(_user_prompts_config(user_prompts, args.warmup))
-    config["title"] = (f"{args.backend}: {args.model or 'default model'}, "
+    config["title"] = (f"{args.backend}: {args.model or 'default model'}{_vocab_words(args)}, "
                        f"{args.datasets or os.path.basename(args.prompts)}, {args.max_new_tokens} new tokens")
     settings = {}
     if hasattr(backend, "model_settings"):   # what the backend's defaults resolved to, not only what was asked
@@ -179,6 +180,11 @@ def _bench_command(args) -> int:
     for path in write_outputs(args.out, config, records, rows, report=run):
         print("wrote", path)
     return 0
+
+
+def _vocab_words(args) -> str:
+    """The title's words for --vocab: a padded vocabulary is another model's cost, so it is named."""
+    return "" if args.vocab is None else f" with its vocabulary padded to {args.vocab} tokens"
 
 
 def _read_user_prompts(args, backend):
@@ -253,7 +259,8 @@ def _model_options(args, load_model) -> dict:
     ConfigError for one this backend's load_model does not take."""
     import inspect
 
-    given = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("attn", args.attn)) if v is not None}
+    given = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("attn", args.attn),
+                               ("vocab", args.vocab)) if v is not None}
     parameters = inspect.signature(load_model).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     unknown = [k for k in given if k not in parameters and not takes_any]
@@ -288,6 +295,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", help="attention implementation, for backends that have a choice "
                                   "(hf: draftcore_sdpa, the default for SmolLM2; sdpa, the default for --model; eager)")
     p.add_argument("--device", help="default: the backend's (cpu)")
+    p.add_argument("--vocab", type=_at_least(1), metavar="N",
+                   help="llamacpp: the default model (SmolLM2, 49152 tokens) with its vocabulary padded to N "
+                        "tokens (e.g. 128256, 262144): the same answers at a large vocabulary's output-head "
+                        "cost; built once, cached under ~/.cache/draftcore/padded_vocab")
     p.add_argument("--max-new-tokens", type=_at_least(1), default=128)
 
 

@@ -74,6 +74,7 @@ SUBJECT_OPTIONS = {
     "--token-cost": lambda value: "token-cost-" + slug(value),
     "--against-plain": lambda value: "against-plain",
     "--model": lambda value: slug(value),
+    "--vocab": lambda value: "vocab-" + slug(value),   # SmolLM2 padded (#87): another model, not a repeat
 }
 GPU_VENDORS = ("nvidia", "amd", "intel")
 # words that count runs instead of saying what a run measured: never part of a result's name

