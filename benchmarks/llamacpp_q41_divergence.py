@@ -181,7 +181,7 @@ def run_config(config, prompts, args, f32_path, eos) -> dict:
     v2 = LlamaCppVerifier.from_gguf(path, n_ctx=2048, **settings)
     kw = dict(n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, flash_attn=settings["flash_attn"],
               type_k=settings["type_k"], type_v=settings["type_v"], verbose=False)
-    counting = lb._counting_llama(llama_cpp)
+    counting = lb._counting_llama(llama_cpp.Llama)
     plain_llm = counting(path, **kw)
     lookup_llm = counting(path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw)
     per_prompt, trie, budget, dataset = [], None, None, None

@@ -28,8 +28,11 @@ across threads); a q8_0 cache keeps it at any length.
 Methods (all greedy):
     plain            Llama.generate(temp=0): llama-cpp-python's own greedy decoding
     prompt_lookup    a Llama with draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
-    draft_model      a Llama with draft_model=DraftcoreDraftModel(): draftcore's trie and budget
-                     inside llama-cpp-python's own loop (chains only; kept across every prompt)
+    speculative_llama  speculative_llama(path): the drop-in, a SpeculativeLlama drafting with a
+                     DraftcoreDraftModel (draftcore's trie and budget inside llama-cpp-python's own
+                     loop; chains only; kept across every prompt), computing only the logits rows read
+    draft_model      a hand-built Llama(draft_model=DraftcoreDraftModel(), logits_all=True): the same
+                     drafts, with llama-cpp-python computing and copying every row's logits
     null_draft_model a Llama with a draft model that never drafts: what the draft_model hook itself
                      costs (llama-cpp-python computes logits for every position once one is attached)
     bare             draftcore.speculate(verifier, prompt): the bare call, with the verifier's own
@@ -50,7 +53,7 @@ draftcore's verifier counts its own.
 from __future__ import annotations
 
 # The adapter first: it imports llama_cpp before anything of draftcore's can load numba (its README).
-from draftcore.adapters.llamacpp import DraftcoreDraftModel, LlamaCppVerifier
+from draftcore.adapters.llamacpp import DraftcoreDraftModel, LlamaCppVerifier, SpeculativeLlama
 from draftcore.adapters.llamacpp.context import import_llama_cpp
 
 import os
@@ -144,7 +147,7 @@ def load_model(model_path: str | None = None, dtype: str | None = None, device: 
     kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, flash_attn=bool(flash_attn),
                   type_k=kv_type, type_v=kv_type,
                   n_gpu_layers=0 if device == "cpu" else -1, verbose=False)
-    llm = _counting_llama(lib)(path, **kwargs)
+    llm = _counting_llama(lib.Llama)(path, **kwargs)
     handle = LlamaCppModel(path, llm, kwargs, is_default, vocab)
     tokenizer = llm
     if is_default:
@@ -239,6 +242,7 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
                                      lambda p, n: _generate(handle.llm, p, n, eos))}
     drafting_llamas = {"prompt_lookup": ("llama-cpp-python prompt lookup",
                                          lambda: _lookup_class()(num_pred_tokens=10)),
+                       "speculative_llama": ("speculative_llama (the drop-in)", DraftcoreDraftModel),
                        "draft_model": ("llama-cpp-python + DraftcoreDraftModel", DraftcoreDraftModel),
                        "null_draft_model": ("llama-cpp-python + a draft model that drafts nothing", NullDraftModel)}
     for name, (label, make_draft_model) in drafting_llamas.items():
@@ -247,8 +251,9 @@ def make_methods(handle: LlamaCppModel, tokenizer=None, names=METHODS, eos_token
             # (0.3.x) sizes its logits buffer from the argument (n_batch rows), so a context past
             # n_batch tokens (a pydoc prompt) overflows it ("could not broadcast ... into shape (0,)").
             draft_model = make_draft_model()
-            llm = _counting_llama(import_llama_cpp())(handle.path, draft_model=draft_model, logits_all=True,
-                                                      **handle.llama_kwargs)
+            base = SpeculativeLlama if name == "speculative_llama" else import_llama_cpp().Llama
+            llm = _counting_llama(base)(handle.path, draft_model=draft_model,
+                                        logits_all=name != "speculative_llama", **handle.llama_kwargs)
             if isinstance(draft_model, DraftcoreDraftModel):
                 draft_model.check_llama(llm)   # its self-check now, not inside the first timed call
             table[name] = lambda label=label, llm=llm: Method(label, lambda p, n: _generate(llm, p, n, eos))
@@ -316,18 +321,19 @@ def _generate(llm, prompt_ids, max_new_tokens: int, eos) -> Run:
 _COUNTING = {}
 
 
-def _counting_llama(lib):
-    """llama_cpp.Llama whose `n_decodes` counts the llama_decode calls its eval() makes."""
-    if "cls" not in _COUNTING:
-        class CountingLlama(lib.Llama):
+def _counting_llama(base):
+    """A subclass of `base` (llama_cpp.Llama or SpeculativeLlama) whose `n_decodes` counts the
+    llama_decode calls its eval() makes."""
+    if base not in _COUNTING:
+        class CountingLlama(base):
             n_decodes = 0
 
             def eval(self, tokens):
                 self.n_decodes += -(-len(tokens) // self.n_batch)  # eval splits at n_batch
                 return super().eval(tokens)
 
-        _COUNTING["cls"] = CountingLlama
-    return _COUNTING["cls"]
+        _COUNTING[base] = CountingLlama
+    return _COUNTING[base]
 
 
 class NullDraftModel(LlamaDraftModel):
