@@ -21,6 +21,7 @@ and the ratio to plain over the --n prompts.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -40,14 +41,20 @@ HEADER = ["vocabulary", "prompt tokens", "prompts", "plain ms (median)", "specul
           "speculative_llama / plain", "hand-built ms", "hand-built / plain"]
 
 
-def prompts_of(length: int, n: int, vocab: int) -> list[list[int]]:
-    """`n` token-id slices of `length` tokens from Python's reference documentation, tokenised by the
-    GGUF's own tokenizer (a vocab-only Llama: no weights loaded)."""
+@functools.lru_cache(maxsize=1)
+def document_ids() -> tuple:
+    """Python's reference documentation (pydoc_data) tokenised by SmolLM2's GGUF tokenizer (a
+    vocab-only Llama: no weights loaded); padding the vocabulary leaves the tokenizer as it was."""
     from pydoc_data.topics import topics
 
     text = "\n\n".join(topics[key] for key in sorted(topics))
     tokenizer = llama_cpp.Llama(default_gguf(), vocab_only=True, verbose=False)
-    ids = tokenizer.tokenize(text.encode(), add_bos=False)
+    return tuple(tokenizer.tokenize(text.encode(), add_bos=False))
+
+
+def prompts_of(length: int, n: int) -> list[list[int]]:
+    """`n` token-id slices of `length` tokens from `document_ids()`, spread over the document."""
+    ids = list(document_ids())
     step = max(length, (len(ids) - length) // max(n, 1))
     return [ids[i * step: i * step + length] for i in range(n)]
 
@@ -75,7 +82,7 @@ def measure(vocab: int, lengths, n: int, reps: int, settings: dict) -> list[list
     rows = []
     for length in lengths:
         per_prompt = {name: [] for name in models}
-        for prompt in prompts_of(length, n, vocab):
+        for prompt in prompts_of(length, n):
             for name, llm in models.items():
                 first_token_ms(llm, prompt)   # warm-up: the graph for this batch size
             times = {name: [] for name in models}
