@@ -55,6 +55,15 @@ def flag(name: str, value) -> bool:
     return bool(value)
 
 
+def tokenizer_or_none(name: str, value):
+    """Return `value` (None, or something with callable encode and decode), or raise ConfigError:
+    checked at construction, so a wrong object fails there, not as an AttributeError mid-call."""
+    if value is not None and not (callable(getattr(value, "encode", None)) and callable(getattr(value, "decode", None))):
+        raise ConfigError(f"{name}: expected None or a tokenizer with encode(text) and decode(ids) methods "
+                          f"(e.g. a transformers tokenizer), got {describe(value)}")
+    return value
+
+
 def positive_int(name: str, value, minimum: int = 1) -> int:
     """Return `value` as an int >= minimum, or raise ConfigError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -10,6 +10,7 @@ may diverge after a near-tie, a step whose top-2 logits are closer than that noi
 from __future__ import annotations
 
 import inspect
+import re
 import os
 import subprocess
 import sys
@@ -989,3 +990,35 @@ def test_grouped_sdpa_leaves_plain_generate_bitwise_unchanged():
     want, got = outputs
     assert torch.equal(got.sequences, want.sequences)
     assert all(torch.equal(g, w) for g, w in zip(got.logits, want.logits))
+
+
+# ------------------------------------------------------------------ options refused at construction
+
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_self_check_must_be_a_bool(tiny_models, bad, monkeypatch):
+    """bool("no") is True: a coerced self_check="no" would run the check the user turned off."""
+    ran = []
+    monkeypatch.setattr("draftcore.adapters.torch_hf.verifier.check_tree_attention", ran.append)
+    with pytest.raises(ConfigError, match=f"self_check: expected True or False, got {bad!r}"):
+        HFVerifier(tiny_models["sdpa"], self_check=bad)
+    assert not ran
+
+
+@pytest.mark.parametrize("bad", [5, "gpt2", object()])
+def test_tokenizer_without_encode_and_decode_is_refused_at_construction(tiny_models, bad):
+    """Not later, in speculate, as AttributeError: 'int' object has no attribute 'encode'."""
+    with pytest.raises(ConfigError, match=r"tokenizer: expected None or a tokenizer with encode\(text\) and "
+                                          r"decode\(ids\).*got " + re.escape(repr(bad)[:20])):
+        HFVerifier(tiny_models["sdpa"], self_check=False, tokenizer=bad)
+
+
+def test_a_tokenizer_with_encode_and_decode_is_taken(tiny_models):
+    class Bytes:
+        def encode(self, text):
+            return list(text.encode())
+
+        def decode(self, ids):
+            return bytes(ids).decode()
+
+    verifier = HFVerifier(tiny_models["sdpa"], self_check=False, tokenizer=Bytes())
+    assert verifier.decode(verifier.encode("hi")) == "hi"

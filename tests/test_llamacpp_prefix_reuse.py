@@ -116,6 +116,16 @@ def test_borrowed_llama_is_never_reused_and_the_option_is_checked(tiny, stock_ll
             LlamaCppVerifier.from_llama(stock_llama, self_check=False, reuse_prefix=bad)
 
 
+def test_self_check_must_be_a_bool(tiny, stock_llama, monkeypatch):
+    """bool("no") is True: a coerced self_check="no" would run the check the user turned off."""
+    monkeypatch.setattr(LlamaCppVerifier, "_checked", lambda *_: pytest.fail("the self-check ran"))
+    for bad in ("no", None, 1):
+        with pytest.raises(ConfigError, match=f"self_check: expected True or False, got {bad!r}"):
+            LlamaCppVerifier.from_gguf(tiny[0], n_ctx=64, self_check=bad, **EXACT)
+        with pytest.raises(ConfigError, match=f"self_check: expected True or False, got {bad!r}"):
+            LlamaCppVerifier.from_llama(stock_llama, self_check=bad)
+
+
 def test_reset_forgets_the_sequence_and_refuses_once_closed(tiny):
     v = LlamaCppVerifier.from_gguf(tiny[0], n_ctx=64, n_seq_max=3, self_check=False, **EXACT)
     prompt = np.arange(3, 20, dtype=np.int32)

@@ -310,6 +310,17 @@ def test_a_prefill_keeps_the_prefix_shared_with_the_cache_and_equals_a_fresh_one
         OrtVerifier(exported, providers=CPU, self_check=False, reuse_prefix="yes")
 
 
+def test_self_check_and_tokenizer_are_checked_at_construction(exported, monkeypatch):
+    """bool("no") is True: a coerced self_check="no" would run the check; a tokenizer without
+    encode and decode would fail later, in speculate, as an AttributeError."""
+    monkeypatch.setattr(OrtVerifier, "_self_check", lambda self: pytest.fail("the self-check ran"))
+    with pytest.raises(ConfigError, match="self_check: expected True or False, got 'no'"):
+        OrtVerifier(exported, providers=CPU, self_check="no")
+    with pytest.raises(ConfigError, match=r"tokenizer: expected None or a tokenizer with encode\(text\) and "
+                                          r"decode\(ids\).*got 5"):
+        OrtVerifier(exported, providers=CPU, self_check=False, tokenizer=5)
+
+
 def test_a_failed_reused_prefill_leaves_an_empty_verifier(exported, monkeypatch):
     verifier = OrtVerifier(exported, providers=CPU)
     prompt = np.arange(2, 40, dtype=np.int32)

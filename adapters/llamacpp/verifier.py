@@ -147,6 +147,7 @@ class LlamaCppVerifier:
         """
         lib = import_llama_cpp()
         reuse_prefix = flag("reuse_prefix", reuse_prefix)
+        self_check = flag("self_check", self_check)   # before the model loads; bool("no") is True
         n_ctx = positive_int("n_ctx", n_ctx)
         n_batch = positive_int("n_batch", n_batch)
         n_seq_max = positive_int("n_seq_max", n_seq_max, minimum=2)
@@ -191,6 +192,7 @@ class LlamaCppVerifier:
         """
         lib = import_llama_cpp()
         reuse_prefix = flag("reuse_prefix", reuse_prefix)   # checked, though a borrowed context is never reused
+        self_check = flag("self_check", self_check)
         if not isinstance(llm, lib.Llama):
             raise ConfigError(f"llm: expected a llama_cpp.Llama, got {describe(llm)}")
         params, offloaded = llm.context_params, offloads_layers(lib, llm.model_params.n_gpu_layers)

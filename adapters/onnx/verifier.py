@@ -29,7 +29,7 @@ from draftcore.checks import check_n_logits, check_path, check_tree
 from draftcore.committed_tokens import CommittedTokens
 from draftcore.errors import BackendError, ConfigError, InputError, describe
 from draftcore.tree import DraftTree
-from draftcore.validate import flag, positive_int, token_array
+from draftcore.validate import flag, positive_int, token_array, tokenizer_or_none
 
 from . import graph
 from .kv import RowGather, SharedCache, empty_cache
@@ -82,6 +82,8 @@ class OrtVerifier:
         import onnxruntime as ort
 
         self._reuse_prefix = flag("reuse_prefix", reuse_prefix)
+        self_check = flag("self_check", self_check)   # bool("no") is True: no coercion
+        tokenizer = tokenizer_or_none("tokenizer", tokenizer)
 
         self._ort = ort
         session, folder = _open(ort, model, providers, session_options)

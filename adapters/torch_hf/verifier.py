@@ -33,7 +33,7 @@ from draftcore.checks import check_n_logits, check_path, check_tree
 from draftcore.committed_tokens import CommittedTokens
 from draftcore.errors import BackendError, ConfigError, InputError, describe
 from draftcore.tree import DraftTree
-from draftcore.validate import flag, positive_int, token_array
+from draftcore.validate import flag, positive_int, token_array, tokenizer_or_none
 
 from . import kv_cache
 from .attention_backends import cudnn_attention_may_run, without_cudnn
@@ -84,6 +84,9 @@ class HFVerifier:
     def __init__(self, model, *, max_context: int | None = None, self_check: bool = True, tokenizer=None,
                  linear_ways: dict[int, str] | None = None, packed_linear: bool | None = None,
                  reuse_prefix: bool = True):
+        # Checked first: a bad option fails before any work (bool("no") is True, so no coercion).
+        self_check = flag("self_check", self_check)
+        tokenizer = tokenizer_or_none("tokenizer", tokenizer)
         config = getattr(model, "config", None)
         if config is None or not callable(model):
             raise ConfigError(f"model: expected a transformers causal LM (with .config), got {describe(model)}")
