@@ -200,13 +200,21 @@ class LogitsProcessor:
                 node = int(parents[node])
             prefix = np.concatenate([context, np.array(path[::-1], np.int64)]) if path else context.copy()
             for i, fn in enumerate(self.logits_processors):
-                row = np.asarray(fn(prefix, z[r]), dtype=np.float32)
-                if row.shape != (self.vocab_size,):
-                    raise BackendError(f"logits_processors[{i}]: {describe(fn)} returned shape {row.shape}; "
-                                       f"expected ({self.vocab_size},), one score per token")
-                z[r] = row
+                z[r] = self._checked_row(i, fn, fn(prefix, z[r]))
+
+    def _checked_row(self, i: int, fn, row) -> np.ndarray:
+        """`row` if it is what a processor must return, else BackendError naming the function: a list
+        or an integer row would pass np.asarray silently (an int row rounds every score). Nothing
+        is written before the check, so a refused row changes no state."""
+        if (not isinstance(row, np.ndarray) or row.dtype not in _ROW_DTYPES
+                or row.shape != (self.vocab_size,)):
+            what = describe(row) if isinstance(row, np.ndarray) else f"{type(row).__name__} {describe(row)}"
+            raise BackendError(f"logits_processors[{i}]: {describe(fn)} returned {what}; expected a float32 "
+                               f"or float64 numpy array of shape ({self.vocab_size},), one score per token")
+        return row
 
 
+_ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # what a logits processor may return
 _ROOT_TOKENS = np.zeros(1, np.int32)       # a root-only tree: its prefix is the context
 _ROOT_PARENTS = np.full(1, -1, np.int32)
 

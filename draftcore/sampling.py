@@ -50,8 +50,10 @@ class SamplingParams:
         frequency_penalty   0.0      subtract times the number of times it was generated (OpenAI/vLLM)
         seed                None     int: reproducible; a numpy Generator: drawn from (and advanced);
                                      None: fresh entropy, reported as `result.seed` for replay
-        logits_processors   ()       callables fn(prefix, logits) -> logits, each a pure function of
-                                     the prefix (int64 ids: prompt + generated) and the float32 row,
+        logits_processors   ()       callables fn(prefix, logits) -> logits (a float32 or float64
+                                     numpy row of one score per token; anything else is refused),
+                                     each a pure function of the prefix (int64 ids: prompt +
+                                     generated) and the float32 row,
                                      applied in order after the penalties and before temperature
                                      (transformers' place for a user LogitsProcessor); draftcore
                                      calls them once per drafted node with that node's own prefix,

@@ -110,6 +110,28 @@ def test_bad_logits_processors_are_refused_by_name():
 
 def test_a_function_returning_the_wrong_shape_raises_naming_it():
     verifier = ToyVerifier(ToyModel(vocab_size=24, seed=3))
-    with pytest.raises(BackendError, match=r"logits_processors\[0\]: .* returned shape \(3,\)"):
+    with pytest.raises(BackendError, match=r"logits_processors\[0\]: .* returned array\(shape=\(3,\), dtype=float32\); "
+                                           r"expected a float32 or float64 numpy array of shape \(24,\)"):
         draftcore.speculate(verifier, [1, 2, 3], max_new_tokens=4,
                             sampling=dict(do_sample=False, logits_processors=[lambda prefix, z: z[:3]]))
+
+
+@pytest.mark.parametrize("returns, named", [
+    (lambda prefix, z: z.tolist(), r"returned list \[.*; expected a float32 or float64 numpy array of shape \(24,\)"),
+    (lambda prefix, z: z.astype(np.int64), r"returned array\(shape=\(24,\), dtype=int64\); expected a float32 or "
+                                           r"float64 numpy array of shape \(24,\)"),
+    (lambda prefix, z: 7, r"returned int 7; expected"),
+])
+def test_a_function_returning_a_list_or_an_integer_row_is_refused_and_changes_nothing(returns, named):
+    """A list or an int64 row went through np.asarray silently: an integer row rounds the logits, a
+    list hides a processor that returns the wrong thing. Refused, naming the function; the verifier
+    is left free, and the next call runs as on a fresh one."""
+    verifier = ToyVerifier(ToyModel(vocab_size=24, seed=3))
+    bad = dict(do_sample=False, logits_processors=[favour_next_of_last, returns])
+    with pytest.raises(BackendError, match=r"logits_processors\[1\]: <function .*> " + named):
+        draftcore.speculate(verifier, [1, 2, 3], max_new_tokens=4, sampling=bad)
+    good = dict(do_sample=False, logits_processors=[favour_next_of_last])
+    got = draftcore.speculate(verifier, [1, 2, 3], max_new_tokens=6, sampling=good)
+    want = draftcore.speculate(ToyVerifier(ToyModel(vocab_size=24, seed=3)), [1, 2, 3], max_new_tokens=6,
+                               sampling=good)
+    assert got.tokens.tolist() == want.tokens.tolist()
