@@ -20,6 +20,7 @@ import argparse
 from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import CompositeDrafter, TrieDrafter
+from draftcore.drafters.trie_research import TrieResearch
 from draftcore.tools.bounds import chain_bound, copy_bound, copy_or_frequent_bound, copy_speedup_bound
 from draftcore.tools.replay import replay
 from draftcore.tools.report import make_report, show_table
@@ -34,7 +35,7 @@ BOUNDS = {
     "bound: chained 2-grams": lambda t, n: chain_bound(t, n=2, max_draft=n),
 }
 DRAFTERS = {
-    "trie without its frequent-token stage": lambda: TrieDrafter(token_limit=VOCAB, use_top=False),
+    "trie without its frequent-token stage": lambda: TrieDrafter(token_limit=VOCAB, research=TrieResearch(use_top=False)),
     "trie": lambda: TrieDrafter(token_limit=VOCAB),
     "composite, no window": lambda: CompositeDrafter(token_limit=VOCAB, window=False),
 }

@@ -9,10 +9,10 @@ token at every verified candidate off the accepted path) is invisible there. Thi
 SmolLM2 (HF, CPU) greedily through `draftcore.speculate` with a fixed budget, so tokens per step do
 not depend on this machine's speed (or its load), for (`--drafters`, the first is the reference):
 
-    trie-blind            TrieDrafter(learn_from_model=False)
+    trie-blind            TrieDrafter(research=TrieResearch(learn_from_model=False))
     trie                  TrieDrafter(): it learns the model's tokens for the request in progress
     composite             CompositeDrafter(window=False): trie + n-gram tables, both learning
-    composite-trie-blind  the same with TrieDrafter(learn_from_model=False)
+    composite-trie-blind  the same with TrieDrafter(research=TrieResearch(learn_from_model=False))
     composite-blind       neither learning
 
 Each drafter is new for its dataset and kept across the dataset's prompts (as the bench keeps a
@@ -37,12 +37,14 @@ def make_drafter(name: str):
     from draftcore.drafters.composite import CompositeDrafter
     from draftcore.drafters.ngram import NGramDrafter
     from draftcore.drafters.trie import TrieDrafter
+    from draftcore.drafters.trie_research import TrieResearch
+    blind = TrieResearch(learn_from_model=False)
     makers = {
-        "trie-blind": lambda: TrieDrafter(learn_from_model=False),
+        "trie-blind": lambda: TrieDrafter(research=blind),
         "trie": TrieDrafter,
         "composite": lambda: CompositeDrafter(window=False),
-        "composite-trie-blind": lambda: CompositeDrafter(window=False, trie=TrieDrafter(learn_from_model=False)),
-        "composite-blind": lambda: CompositeDrafter(window=False, trie=TrieDrafter(learn_from_model=False),
+        "composite-trie-blind": lambda: CompositeDrafter(window=False, trie=TrieDrafter(research=blind)),
+        "composite-blind": lambda: CompositeDrafter(window=False, trie=TrieDrafter(research=blind),
                                                     ngram=NGramDrafter(learn_from_model=False)),
     }
     return makers[name]()

@@ -17,6 +17,7 @@ import time
 from _common import TRACES, TRACES_EOS, write_json
 
 from draftcore import TrieDrafter
+from draftcore.drafters.trie_research import TrieResearch
 from draftcore.tools.canonical import humaneval_canonical_traces
 from draftcore.tools.replay import replay
 from draftcore.tools.report import make_report, show_table
@@ -28,7 +29,7 @@ CONFIGS = [
     ("parallel layout", lambda: TrieDrafter(layout="parallel")),
     ("single-branch layout", lambda: TrieDrafter(layout="single")),
     ("branch length 12", lambda: TrieDrafter(branch_length=12)),
-    ("no most-frequent-token stage", lambda: TrieDrafter(use_top=False)),
+    ("no most-frequent-token stage", lambda: TrieDrafter(research=TrieResearch(use_top=False))),
     ("no boost of the current output", lambda: TrieDrafter(recent_weight=0.0)),
 ]
 

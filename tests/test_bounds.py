@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from draftcore import ConfigError, InputError, TrieDrafter
+from draftcore.drafters.trie_research import TrieResearch
 from draftcore.tools.bounds import (_fastest_decode, chain_bound, copy_bound, copy_decode_seconds,
                                     copy_or_frequent_bound, copy_speedup_bound)
 from draftcore.tools.cost_model import CostModel
@@ -77,7 +78,7 @@ def test_no_retrieval_drafter_beats_the_copy_bound_on_recorded_traces(budget):
     copy_bound. A bound too low (an off-by-one, a missed earlier trace) fails here."""
     traces = read_traces(REPO_TRACES)
     bound = copy_bound(traces, max_draft=budget)
-    for make in (lambda: TrieDrafter(token_limit=49152, use_top=False), PromptLookupDrafter):
+    for make in (lambda: TrieDrafter(token_limit=49152, research=TrieResearch(use_top=False)), PromptLookupDrafter):
         measured = replay(traces, make, budget=budget, cost=None, eos_token_id=2)
         for dataset, summary in measured.items():
             assert 1.0 < summary.tokens_per_step <= bound[dataset] + 1e-9, (dataset, summary.tokens_per_step)
@@ -153,7 +154,8 @@ def test_no_retrieval_drafter_beats_the_copy_speedup_bound_on_recorded_traces(co
     cost off by one node, the plain time on another size) fails here."""
     traces = read_traces(REPO_TRACES)
     bound = copy_speedup_bound(traces, cost, max_draft=256)
-    measured = replay(traces, lambda: TrieDrafter(token_limit=49152, use_top=False), cost=cost, eos_token_id=2)
+    measured = replay(traces, lambda: TrieDrafter(token_limit=49152, research=TrieResearch(use_top=False)),
+                      cost=cost, eos_token_id=2)
     for dataset, summary in measured.items():
         assert 1.0 < summary.speedup <= bound[dataset] + 1e-9, (dataset, summary.speedup, bound[dataset])
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import draftcore
 from draftcore import ConfigError, DraftTree, FixedBudget, TrieDrafter
 from draftcore.acceptance import greedy_accept
+from draftcore.drafters.trie_research import TrieResearch
 from naive import naive_greedy_accept
 from test_speculate import SETTINGS, OracleDrafter, check_result, continuation, expected_output, requests
 from fixtures.toy import ToyModel, ToyVerifier, _mix
@@ -212,7 +213,7 @@ def test_only_a_trusted_request_gets_the_loops_arguments_unchecked(trusted):
 
 
 OBSERVING_DRAFTERS = {
-    "trie": lambda: TrieDrafter(token_limit=16, learn_from_model=True),
+    "trie": lambda: TrieDrafter(token_limit=16, research=TrieResearch(learn_from_model=True)),
     "ngram": lambda: draftcore.NGramDrafter(),
     "jacobi": lambda: draftcore.JacobiDrafter(window=3, levels=3),
     "composite": lambda: draftcore.CompositeDrafter(token_limit=16),
@@ -728,8 +729,8 @@ def test_the_menu_is_four_drafters_and_registered_names_join_it(monkeypatch):
     monkeypatch.setattr(drafters, "_registered", {})
     with pytest.raises(ConfigError, match="drafter: expected a Drafter or one of"):
         drafters.make_drafter("trie-blind", 24)
-    drafters.register_drafter("trie-blind", lambda vocab: draftcore.TrieDrafter(token_limit=vocab,
-                                                                               learn_from_model=False))
+    drafters.register_drafter("trie-blind", lambda vocab: draftcore.TrieDrafter(
+        token_limit=vocab, research=TrieResearch(learn_from_model=False)))
     assert drafters.drafter_names() == draftcore.DRAFTER_NAMES + ("trie-blind",)
     assert drafters.make_drafter("trie-blind", 24).learn_from_model is False
     with pytest.raises(ConfigError, match="'trie' is one of the menu's drafters"):

@@ -11,6 +11,7 @@ import pytest
 
 from draftcore import ConfigError, InputError, TrieDrafter
 from draftcore.drafters.rows import RowDrafter
+from draftcore.drafters.trie_research import TrieResearch
 from naive import NaiveRowDrafter
 from row_engine import Engine, repeating_requests
 
@@ -22,7 +23,8 @@ def make_pair(max_rows, max_len, capacity=1 << 12, by_row=False, **options):
     options = {**OPTIONS, **options}
     fast = RowDrafter(max_rows=max_rows, max_len=max_len, token_limit=VOCAB, capacity=capacity, **options)
     # rows draft with the trie's plain scores (RowDrafter), so the per-request twin's trie does too
-    slow = NaiveRowDrafter(TrieDrafter(capacity=capacity, token_limit=VOCAB, max_requests=max_rows, calibrate=False),
+    slow = NaiveRowDrafter(TrieDrafter(capacity=capacity, token_limit=VOCAB, max_requests=max_rows,
+                                       research=TrieResearch(calibrate=False)),
                            max_rows=max_rows, max_len=max_len, by_row=by_row, **options)
     return fast, slow
 
@@ -97,7 +99,8 @@ def test_reordered_rows_get_the_same_chains_reordered():
     texts = [np.tile(10 * r + rng.integers(0, 10, int(rng.integers(2, 6))), 40)[:80].astype(np.int32)
              for r in range(n_req)]
     drafters = [RowDrafter(max_rows=n_req, max_len=width, token_limit=VOCAB, **OPTIONS,
-                           drafter=TrieDrafter(capacity=1 << 12, token_limit=VOCAB, max_requests=n_req, use_top=False))
+                           drafter=TrieDrafter(capacity=1 << 12, token_limit=VOCAB, max_requests=n_req,
+                                               research=TrieResearch(use_top=False)))
                 for _ in range(2)]
     lengths = np.array([12, 15, 9, 20], np.int64)
     for step in range(25):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import draftcore
 from draftcore import BackendError, ConfigError, DraftcoreError, DraftTree, InputError, TrieDrafter
 from draftcore.acceptance import greedy_accept
+from draftcore.tools.variants import research_trie
 from naive import naive_greedy_accept, pool_contents
 from fixtures.toy import ToyModel, ToyVerifier, _mix
 
@@ -151,10 +152,10 @@ class ChainDrafter(_Base):
 def make_drafter(kind, model, seed, layout="hierarchical"):
     if kind == "trie":
         rng = np.random.default_rng(seed)
-        return TrieDrafter(capacity=int(rng.choice([40, 200, 5000])), branch_length=int(rng.integers(2, 9)),
-                           max_match=int(rng.integers(1, 9)), layout=layout, fill=bool(rng.random() < 0.5),
-                           use_top=bool(rng.random() < 0.5), recent_weight=float(rng.choice([0.0, 16.0])),
-                           min_stage_nodes=int(rng.integers(1, 9)), token_limit=model.vocab_size)
+        return research_trie(capacity=int(rng.choice([40, 200, 5000])), branch_length=int(rng.integers(2, 9)),
+                             max_match=int(rng.integers(1, 9)), layout=layout, fill=bool(rng.random() < 0.5),
+                             use_top=bool(rng.random() < 0.5), recent_weight=float(rng.choice([0.0, 16.0])),
+                             min_stage_nodes=int(rng.integers(1, 9)), token_limit=model.vocab_size)
     if kind == "random":
         return RandomTreeDrafter(model.vocab_size, seed)
     if kind == "oracle":

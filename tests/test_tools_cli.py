@@ -12,6 +12,8 @@ import pytest
 
 import draftcore
 from draftcore import CostAwareBudget, FixedBudget, TrieDrafter
+from draftcore.drafters.trie_research import SWITCHES
+from draftcore.tools.variants import research_trie
 from draftcore.tools import backends, cli
 from draftcore.tools.replay import vocab_size_of
 from draftcore.tools.traces import Trace, read_traces, write_traces
@@ -57,15 +59,15 @@ def test_replay_cli_passes_only_the_options_given(tmp_path):
                         "--cost", "1:10,64:20")
     assert cli.trie_options(args) == {"branch_length": 12, "fill": False}
     report = cli.run_replay(args)
-    want = _settings(TrieDrafter(branch_length=12, fill=False), TRIE_SETTINGS)   # calibrate follows fill
+    want = _settings(research_trie(branch_length=12, fill=False), TRIE_SETTINGS)   # calibrate follows fill
     assert _settings(report.drafter, TRIE_SETTINGS) == want
     assert isinstance(report.budget, FixedBudget) and report.budget.n == 16
     assert report.cost.ms_by_nodes == {1: 10.0, 64: 20.0}
 
 
-def test_every_replay_trie_option_is_a_trie_drafter_argument():
+def test_every_replay_trie_option_is_a_trie_drafter_argument_or_research_switch():
     for _, dest, _ in cli._TRIE_OPTIONS:
-        assert dest in TRIE_SETTINGS
+        assert dest in TRIE_SETTINGS or dest in SWITCHES
 
 
 def test_replay_cli_prints_tokens_per_step_and_simulated_speedup(tmp_path, capsys):

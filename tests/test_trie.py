@@ -8,6 +8,8 @@ check_integrity().
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 
 import numpy as np
@@ -17,6 +19,8 @@ from hypothesis import strategies as st
 
 import draftcore
 from draftcore import ConfigError, DraftTree, InputError, TrieDrafter
+from draftcore.drafters.trie_research import SWITCHES, TrieResearch
+from draftcore.tools.variants import research_trie
 from draftcore.drafters.trie import LAYOUTS
 from draftcore.drafters.trie_pool_kernels import N_PRUNES
 from naive import (NaiveTrie, naive_branch_counts, naive_child_order, naive_own_contents, naive_trie_contents,
@@ -152,7 +156,7 @@ def assert_same_tree(tree: DraftTree, expected, budget):
 
 
 def run_script(params, token_limit, ops, rng, heap_capacity=None, check_every_op=True):
-    drafter = TrieDrafter(**params, token_limit=token_limit)
+    drafter = research_trie(**params, token_limit=token_limit)
     naive = NaiveTrie(**params, token_limit=token_limit)
     requests = {}  # rid -> (TrieRequest, NaiveRequest)
     trees = {}     # rid -> its last proposal, until observed
@@ -340,7 +344,7 @@ def _learning_pair(**options):
     """A learning drafter and a blind one, alike otherwise."""
     config = dict(capacity=1000, branch_length=4, token_limit=20, use_top=False, calibrate=False, learn_context=2)
     config.update(options)
-    return TrieDrafter(**config), TrieDrafter(**dict(config, learn_from_model=False))
+    return research_trie(**config), research_trie(**dict(config, learn_from_model=False))
 
 
 def _own_delta(learning, blind, r_learning, r_blind) -> dict:
@@ -474,7 +478,7 @@ def test_insert_prompt_false_counts_no_prompt_branches():
         rng = np.random.default_rng(7000 + seed)
         vocab, token_limit, params = random_params(rng)
         params.update(insert_prompt=False)
-        drafter = TrieDrafter(**params, token_limit=token_limit)
+        drafter = research_trie(**params, token_limit=token_limit)
         naive = NaiveTrie(**params)
         requests = {}
         for op in random_script(rng, vocab, token_limit):
@@ -499,7 +503,7 @@ def test_insert_prompt_false_minimal_repro():
     """The smallest case of the above: a full pool makes extend() refresh its front from the
     stream, prompt included, so the branch starting at the last prompt token is counted as PROMPT
     and, with insert_prompt=False, never eliminated (it can never decay either)."""
-    d = TrieDrafter(capacity=9, branch_length=4, insert_prompt=False, token_limit=16)
+    d = research_trie(capacity=9, branch_length=4, insert_prompt=False, token_limit=16)
     d.warm_up([[1, 2, 1, 2, 1, 2, 1, 2]])  # paths 1, 1-2, 1-2-1, ..., 2, 2-1, ...: 8 nodes, 1 free
     r = d.start(np.array([5, 1], np.int32))
     r.update(np.array([2], np.int32))     # < branch_length free: make_room, front rebuilt from [5, 1]
@@ -565,7 +569,7 @@ def test_recent_counts_follow_the_running_request():
 
 
 def test_without_elimination_prompt_counts_become_output_counts():
-    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, eliminate_prompt=False)
+    d = research_trie(capacity=1000, branch_length=3, token_limit=10, eliminate_prompt=False)
     r = d.start(np.array([1, 2, 3], np.int32))
     r.update(np.array([4], np.int32))
     r.finish()
@@ -573,12 +577,12 @@ def test_without_elimination_prompt_counts_become_output_counts():
 
 
 def test_stage_zero_drafts_the_most_frequent_tokens():
-    d = TrieDrafter(capacity=1000, branch_length=2, token_limit=10, use_top=True, prompt_weight=1.0, calibrate=False)
+    d = research_trie(capacity=1000, branch_length=2, token_limit=10, use_top=True, prompt_weight=1.0, calibrate=False)
     d.warm_up([[1, 1, 1, 2, 2, 3]])
     tree = d.propose(np.array([9], np.int32), 2)  # 9 was never seen: only stage 0 offers anything
     assert tree.tokens.tolist() == [9, 1, 2] and tree.parents.tolist() == [-1, 0, 0]
     np.testing.assert_allclose(tree.scores, [1.0, 3 / 6, 2 / 6], rtol=1e-6)
-    d2 = TrieDrafter(capacity=1000, branch_length=2, token_limit=10, use_top=False)
+    d2 = research_trie(capacity=1000, branch_length=2, token_limit=10, use_top=False)
     d2.warm_up([[1, 1, 1, 2, 2, 3]])
     assert len(d2.propose(np.array([9], np.int32), 2)) == 1
 
@@ -621,8 +625,8 @@ def test_layouts_give_valid_trees_within_budget(layout, fill):
         base = rng.integers(0, vocab, size=12).tolist()
         kw = dict(capacity=500, branch_length=int(rng.integers(2, 7)), max_match=int(rng.integers(1, 6)),
                   min_stage_nodes=int(rng.integers(1, 5)), fill=fill, token_limit=vocab)
-        d = TrieDrafter(layout=layout, **kw)
-        merged = TrieDrafter(layout="hierarchical", **kw)
+        d = research_trie(layout=layout, **kw)
+        merged = research_trie(layout="hierarchical", **kw)
         for x in (d, merged):
             x.warm_up([random_tokens(np.random.default_rng(seed), base, vocab, 60)])
         for _ in range(10):
@@ -650,7 +654,7 @@ def test_single_layout_is_one_branch(fill):
         rng = np.random.default_rng(seed)
         vocab = int(rng.integers(3, 12))
         base = rng.integers(0, vocab, size=12).tolist()
-        d = TrieDrafter(capacity=500, branch_length=4, max_match=4, layout="single", fill=fill, token_limit=vocab)
+        d = research_trie(capacity=500, branch_length=4, max_match=4, layout="single", fill=fill, token_limit=vocab)
         d.warm_up([random_tokens(rng, base, vocab, 60)])
         for _ in range(10):
             ctx = np.array(random_tokens(rng, base, vocab, 6), np.int32)
@@ -668,7 +672,7 @@ def test_single_layout_minimal_repro():
 def test_equal_scores_are_ordered_by_token():
     """(11, 2) and (11, 15) both score 4/9: the tie goes to the smaller token. (A candidate's score
     must be rounded to float32 before it is compared with the float32 scores already listed.)"""
-    d = TrieDrafter(capacity=1000, branch_length=2, token_limit=16, fill=False, use_top=False, min_stage_nodes=1)
+    d = research_trie(capacity=1000, branch_length=2, token_limit=16, fill=False, use_top=False, min_stage_nodes=1)
     d.warm_up([[11, 2]] * 4 + [[11, 15]] * 4 + [[11]])
     tree = d.propose(np.array([11], np.int32), 1)
     assert tree.tokens.tolist() == [11, 2], tree
@@ -681,14 +685,14 @@ def test_a_candidate_dropped_for_lack_of_room_is_missed_after_a_merge():
     node, so B is dropped from the candidate list; A then merges into the existing node (using no
     room) and its child C (0.2) is drafted instead of B, against the best-first rule."""
     X, Y, A, B, C = 1, 2, 3, 4, 5
-    d = TrieDrafter(capacity=100, branch_length=3, max_match=2, token_limit=8, fill=True, use_top=False)
+    d = research_trie(capacity=100, branch_length=3, max_match=2, token_limit=8, fill=True, use_top=False)
     d.warm_up([[X, Y, A], [Y, A, C], [Y, A], [Y, B], [Y, B]])
     tree = d.propose(np.array([X, Y], np.int32), 2)
     assert tree.tokens.tolist() == [Y, A, B] and tree.parents.tolist() == [-1, 0, 0], tree
 
 
 def test_retrieval_prefers_the_frequent_continuation_and_scores_are_ratios():
-    d = TrieDrafter(capacity=1000, branch_length=3, token_limit=10, prompt_weight=1.0, calibrate=False)
+    d = research_trie(capacity=1000, branch_length=3, token_limit=10, prompt_weight=1.0, calibrate=False)
     d.warm_up([[1, 2, 3] * 3 + [1, 2, 4]])
     tree = d.propose(np.array([7, 1, 2], np.int32), 8)
     # (1,2) seen 4 times, followed by 3 three times, by 4 once
@@ -700,7 +704,7 @@ def test_retrieval_prefers_the_frequent_continuation_and_scores_are_ratios():
 def _two_stage_trie(**options):
     """Context (X, Y): stage 2 offers A and C at 0.5 each; stage 1, (Y), offers D at 10 / 14."""
     X, Y, A, C, D = 1, 2, 3, 4, 5
-    d = TrieDrafter(capacity=1000, branch_length=3, max_match=2, token_limit=10, use_top=False, **options)
+    d = research_trie(capacity=1000, branch_length=3, max_match=2, token_limit=10, use_top=False, **options)
     d.warm_up([[X, Y, A]] * 2 + [[X, Y, C]] * 2 + [[Y, D]] * 10)
     return d, (X, Y, A, C, D)
 
@@ -756,7 +760,7 @@ def test_calibration_leaves_other_contexts_and_the_paper_alone():
     assert not TrieDrafter.paper().calibrate
     # `calibrate` says whether the calibration applies: with fill and a non-single layout only
     assert TrieDrafter(layout="parallel").calibrate
-    assert not TrieDrafter(fill=False).calibrate and not TrieDrafter(layout="single").calibrate
+    assert not research_trie(fill=False).calibrate and not TrieDrafter(layout="single").calibrate
     single, _ = _two_stage_trie(layout="single")
     assert single.propose(np.array([X, Y], np.int32), 1).tokens.tolist()[1] in (A, C)
 
@@ -764,7 +768,7 @@ def test_calibration_leaves_other_contexts_and_the_paper_alone():
 # -- save / load ------------------------------------------------------------------------------------
 def _busy_drafter(seed=0, **kw):
     rng = np.random.default_rng(seed)
-    d = TrieDrafter(capacity=kw.pop("capacity", 60), branch_length=4, token_limit=20, **kw)
+    d = research_trie(capacity=kw.pop("capacity", 60), branch_length=4, token_limit=20, **kw)
     d.warm_up([[1, 2, 3, 1, 2, 4, 1, 5]])  # node (1,) has children 2, 5; node (1, 2) has 3, 4
     base = rng.integers(0, 20, size=15).tolist()
     for _ in range(3):
@@ -1090,7 +1094,7 @@ def test_drafter_calls_compile_nothing_beyond_the_warm_up(tmp_path):
                M.learn, M.forget_all]
     before = {k.__name__: set(k.signatures) for k in kernels}
     for layout in LAYOUTS:
-        d = TrieDrafter(capacity=100, branch_length=4, token_limit=10, layout=layout, fill=layout != "single")
+        d = research_trie(capacity=100, branch_length=4, token_limit=10, layout=layout, fill=layout != "single")
         d.warm_up([[1, 2, 3, 1, 2, 4]])
         r = d.start([1, 2, 3])
         r.update([1, 2])
@@ -1155,9 +1159,26 @@ def test_retrieval_settings_are_fixed_at_construction():
 ])
 def test_bad_constructor_args_raise_config_error(kwargs, name):
     with pytest.raises(ConfigError) as info:
-        TrieDrafter(**kwargs)
+        research_trie(**kwargs)
     assert str(info.value).startswith(name), str(info.value)
     assert isinstance(info.value, draftcore.DraftcoreError)
+
+
+def test_research_switches_are_off_the_public_constructor():
+    """The switches that exist to measure a variant take a TrieResearch, not keywords of their own;
+    research_trie takes both side by side and builds the same drafter."""
+    names = set(inspect.signature(TrieDrafter).parameters)
+    assert not names & set(SWITCHES) and "research" in names
+    with pytest.raises(TypeError):
+        TrieDrafter(calibrate=False)
+    with pytest.raises(ConfigError, match=r"^research: expected None or a TrieResearch .*got \{'calibrate': False\}"):
+        TrieDrafter(research={"calibrate": False})
+    d = research_trie(capacity=100, token_limit=10, calibrate=False, learn_from_model=False, min_stage_nodes=2)
+    assert d.research == TrieResearch(calibrate=False, learn_from_model=False, min_stage_nodes=2)
+    assert not d.calibrate and not d.learn_from_model and d.min_stage_nodes == 2 and d.capacity == 100
+    assert TrieDrafter().research == TrieResearch() and TrieDrafter.paper().research == TrieResearch.paper()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrieResearch().calibrate = False
 
 
 @pytest.mark.parametrize("kwargs, named", [

@@ -18,25 +18,24 @@ restore with `load`.
     max_match          8         longest context suffix matched at retrieval
     prompt_weight      16.0      factor on the current prompt's counts (branch weighting)
     recent_weight      16.0      extra factor on the current request's output counts (0: the paper)
-    min_stage_nodes    8         paper mode: a stage offering fewer nodes falls to a shorter suffix
-    fill               True      shorter suffixes keep filling the budget (merged, deduplicated)
-    use_top            True      a last stage drafts the most frequent tokens when nothing else fits
-    calibrate          True      score candidates by how often such candidates came true (per context
-                                 length and relative-weight bin, learnt from this drafter's own
-                                 proposals) and rank all stages together
-                                 (trie_calibration_kernels); it applies with fill and the hierarchical or
-                                 parallel layout only, and `drafter.calibrate` says whether it does
-    layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3)
+    layout             "hierarchical" | "parallel" | "single" (the paper's Fig. 2–3; "single"
+                                 drafts chains, for a chain-only verifier)
     token_limit        262144    token ids must be below this (size of the root index)
     max_requests       32        requests in progress at once; the first 4 keep their own counts in
                                  the node rows, each further one 8 bytes per pool node (allocated
                                  as requests arrive)
-    insert_prompt, insert_output, eliminate_prompt: the paper's ablations (Table 3), all True
-    learn_from_model   True      the model's token at each verified candidate off the accepted
-                                 path (`observe`) counts, for this request only, as a prompt-like
-                                 continuation of that candidate's prefix (trie_model_kernels)
-    learn_context      4         most prefix tokens such a continuation is matched by
-    learn_capacity     1024      continuations a request keeps (the oldest is forgotten first)
+    learn_context      4         most prefix tokens a continuation the request learnt from the
+                                 model (below) is matched by
+    learn_capacity     1024      such continuations a request keeps (the oldest is forgotten first)
+    research           None      TrieResearch(...) (trie_research.py): the switches that exist to
+                                 measure a variant, the paper's ablations among them; None: all on
+
+By default retrieval runs in stages, shorter suffixes filling the budget (merged, deduplicated),
+a last stage drafting the most frequent tokens when nothing else fits; candidates are scored by
+how often such candidates came true (per context length and relative-weight bin, learnt from this
+drafter's own proposals) and all stages ranked together (trie_calibration_kernels); and the
+model's token at each verified candidate off the accepted path (`observe`) counts, for this
+request only, as a prompt-like continuation of that candidate's prefix (trie_model_kernels).
 
 The configuration is fixed at construction (the kernels get it as one Settings value), so the
 retrieval settings are read-only attributes. Defaults were tuned by replaying real SmolLM2 traces
@@ -53,11 +52,12 @@ import weakref
 import numpy as np
 
 from ..checks import check_observation
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, describe
 from ..tree import DraftTree
-from ..validate import fits_in_memory, flag, positive_float, positive_int, token_array, tree_size
+from ..validate import fits_in_memory, positive_float, positive_int, token_array, tree_size
 from ..jit import kernels
 from .trie_pool import SAVED_ARRAYS, TriePool, pool_bytes, saved_problem
+from .trie_research import TrieResearch
 
 LAYOUTS = ("hierarchical", "parallel", "single")
 _SAVE_FORMAT = 2      # 2 adds the calibration (`cal`); format-1 files load with the prior
@@ -90,11 +90,9 @@ class TrieDrafter:
     calibrate = _setting("calibrated")
 
     def __init__(self, *, capacity: int = 1 << 18, branch_length: int = 24, max_match: int = 8,
-                 prompt_weight: float = 16.0, recent_weight: float = 16.0, min_stage_nodes: int = 8, fill: bool = True,
-                 use_top: bool = True, calibrate: bool = True, layout: str = "hierarchical", token_limit: int = 1 << 18,
-                 max_requests: int = 32, insert_prompt: bool = True, insert_output: bool = True,
-                 eliminate_prompt: bool = True, learn_from_model: bool = True, learn_context: int = 4,
-                 learn_capacity: int = 1024):
+                 prompt_weight: float = 16.0, recent_weight: float = 16.0, layout: str = "hierarchical",
+                 token_limit: int = 1 << 18, max_requests: int = 32, learn_context: int = 4,
+                 learn_capacity: int = 1024, research: TrieResearch | None = None):
         for name in (_COUNT, _RETRIEVAL, _CALIBRATION, _MODEL):   # loaded now, not inside a timed step
             kernels(name)
         K = kernels(_POOL)
@@ -106,24 +104,27 @@ class TrieDrafter:
         fits_in_memory(pool_bytes(self.capacity), "the trie's node pool", capacity=self.capacity)
         if layout not in LAYOUTS:
             raise ConfigError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        if research is None:
+            research = TrieResearch()
+        elif not isinstance(research, TrieResearch):
+            raise ConfigError(f"research: expected None or a TrieResearch (draftcore.drafters.trie_research), "
+                              f"got {describe(research)}")
+        self.research = research
         # Plain int / float / bool fields: the types warm_up compiled the kernels for. `calibrated`
         # is resolved here, once: the kernels, requests and replay read only this flag.
         settings = K.Settings(
             max_match=positive_int("max_match", max_match),
             prompt_weight=positive_float("prompt_weight", prompt_weight, minimum=0.0, inclusive=True),
             recent_weight=positive_float("recent_weight", recent_weight, minimum=0.0, inclusive=True),
-            min_stage_nodes=positive_int("min_stage_nodes", min_stage_nodes),
-            fill=flag("fill", fill), use_top=flag("use_top", use_top),
+            min_stage_nodes=research.min_stage_nodes, fill=research.fill, use_top=research.use_top,
             mode=K.MODE_SINGLE if layout == "single" else K.MODE_HIERARCHICAL,
-            calibrated=flag("calibrate", calibrate) and bool(fill) and layout != "single")
+            calibrated=research.calibrate and research.fill and layout != "single")
         self.layout = layout
         self.token_limit = positive_int("token_limit", token_limit)
         fits_in_memory(4 * self.token_limit, "the trie's root index", token_limit=self.token_limit)   # int32 per id
         self.max_requests = positive_int("max_requests", max_requests)
-        self.insert_prompt = flag("insert_prompt", insert_prompt)
-        self.insert_output = flag("insert_output", insert_output)
-        self.eliminate_prompt = flag("eliminate_prompt", eliminate_prompt)
-        self.learn_from_model = flag("learn_from_model", learn_from_model)
+        self.insert_prompt, self.insert_output = research.insert_prompt, research.insert_output
+        self.eliminate_prompt, self.learn_from_model = research.eliminate_prompt, research.learn_from_model
         self.learn_context = positive_int("learn_context", learn_context)
         self.learn_capacity = positive_int("learn_capacity", learn_capacity)
         # every request's ring (trie_model_kernels.new_learnt): a snippet's tokens and its length, int32
@@ -138,8 +139,7 @@ class TrieDrafter:
         """The paper's configuration: branch length 12, one retrieval stage, prompt branches
         weighted, output branches not boosted, no stage 0, no calibration, nothing learnt from
         the model's tokens."""
-        config = dict(branch_length=12, fill=False, use_top=False, recent_weight=0.0, prompt_weight=16.0,
-                      calibrate=False, learn_from_model=False)
+        config = dict(branch_length=12, recent_weight=0.0, prompt_weight=16.0, research=TrieResearch.paper())
         config.update(options)
         return cls(**config)
 

@@ -9,8 +9,8 @@
 
 `replay`'s defaults are the library's: with no trie option and no --budget it replays the bare call
 `draftcore.speculate(verifier, prompt)` (the verifier's session TrieDrafter and auto budget), so it
-measures what users get. Each trie option given is passed to `TrieDrafter` on its own; one not
-given keeps TrieDrafter's default.
+measures what users get. Each trie option given is passed to `TrieDrafter` on its own (--no-fill
+as its research switch, TrieResearch(fill=False)); one not given keeps TrieDrafter's default.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from . import variants  # noqa: F401  (registers the measured variants: --drafte
 DEFAULT_DATASETS = "humaneval,mtbench"   # what `draftcore bench` runs without --datasets or --prompts
 DEFAULT_N = 20                           # recorded prompts per dataset without --n
 
-# (flag, TrieDrafter argument, argparse options): only the flags given reach TrieDrafter
+# (flag, TrieDrafter argument or TrieResearch switch, argparse options): only the flags given reach TrieDrafter
 _TRIE_OPTIONS = (
     ("--branch-length", "branch_length", dict(type=int, help="tokens per inserted branch")),
     ("--max-match", "max_match", dict(type=int, help="longest context suffix matched")),
@@ -47,17 +47,17 @@ def _add_trie_options(p: argparse.ArgumentParser) -> None:
 
 
 def trie_options(args) -> dict:
-    """The TrieDrafter arguments the user gave (none: TrieDrafter's defaults)."""
+    """The TrieDrafter arguments and research switches the user gave (none: TrieDrafter's defaults)."""
     return {dest: getattr(args, dest) for _, dest, _ in _TRIE_OPTIONS if hasattr(args, dest)}
 
 
 def replay_arguments(args) -> dict:
     """`replay()`'s keyword arguments from the command line; what is not given is the library's."""
-    from ..drafters.trie import TrieDrafter
+    from .variants import research_trie
     given = trie_options(args)
     if given and args.drafter not in (None, "trie"):
         raise ConfigError(f"drafter: trie options ({', '.join(given)}) need --drafter trie, got {args.drafter!r}")
-    drafter = (lambda: TrieDrafter(**given)) if given else args.drafter
+    drafter = (lambda: research_trie(**given)) if given else args.drafter
     return dict(drafter=drafter, budget=args.budget,
                 cost=None if args.cost == "none" else args.cost, eos_token_id=args.eos,
                 reset_per_request=args.reset_per_request)
