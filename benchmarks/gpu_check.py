@@ -11,9 +11,10 @@ Sections, in this order, each written to OUT/gpu_check.json and OUT/gpu_check.md
     hf        HF transformers in fp32 and bf16: first HFVerifier.verify's wall time by tree size (1, 2,
               4, ..., 64 nodes: the table a budget's and the vLLM proposer's defaults for the device
               start from), then plain generate(), transformers' prompt lookup, nodraft, trie and
-              composite with the auto budget; identical outputs, near-ties (the top-2 logit gap of
-              plain decoding where an output first differs), and the tree and window sizes the budget
-              settles on
+              composite with the auto budget; identical outputs, and for each output that differs
+              the position of its first difference, plain decoding's logit gap there between its
+              top-1 token and the other output's, and a verdict (near-tie within NEAR_TIE, else BUG:
+              draftcore.tools.near_ties), and the tree and window sizes the budget settles on
     onnx      ONNX Runtime (CUDA EP on a GPU) with IO binding: plain and tree mode on draftcore's fp32
               export, and the verify cost
     onnx chain  where onnxruntime-genai is installed: chain mode on its build (fp16 on CUDA) beside
@@ -51,8 +52,9 @@ ONNX_CHAIN_METHODS = ("plain_chain", "genai", "genai_ngram", "chain_nodraft", "c
 LLAMACPP_METHODS = ("plain", "prompt_lookup", "trie")
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 ALL_SECTIONS = "hf,onnx,llamacpp"
-# Greedy near-tie bound per dtype on plain decoding's top-2 logit gap: k-token and one-token forwards
-# round differently (docs/design.md, "Numerics"); a first difference above it is a real mismatch.
+# Greedy near-tie bound per dtype on plain decoding's logit gap between its top-1 token and the other
+# output's at their first difference: k-token and one-token forwards round differently (docs/design.md,
+# "Numerics"); a first difference above it is a bug.
 # ONNX Runtime's CUDA EP runs float32 matmuls in TF32 by default: fp16's mantissa, so fp16's bound.
 # llama.cpp on quantized weights: its batch kernels differ from its one-token ones (docs/design.md,
 # "Numerics": up to 1.5).
@@ -178,7 +180,7 @@ def hf_section(args, prompts, eos, dtype: str, save) -> dict:
     save(section)
 
     def near_ties(records):
-        return _divergences(records, outputs, prompts, methods[0].name, lambda ids: _hf_top2_gap(model, ids),
+        return _divergences(records, outputs, prompts, methods[0].name, lambda ids: _hf_logits(model, ids),
                             NEAR_TIE[dtype])
 
     _bench(methods, prompts, args, section, save, near_ties)
@@ -242,14 +244,14 @@ def onnx_chain_section(args, prompts, eos, save) -> dict:
 
 def _ort_bench(models, names, timed: str, bound: float, section: dict, args, prompts, eos, save) -> dict:
     """The ONNX methods `names` side by side (the first is the baseline), after the verify cost of
-    method `timed`'s verifier, whose session also gives the top-2 gaps of outputs that differ."""
+    method `timed`'s verifier, whose session also gives plain decoding's logits where outputs differ."""
     from draftcore.tools.backends import onnx
     outputs = {}
     methods = [_capturing(m, outputs) for m in onnx.make_methods(models, None, list(names), eos_token_id=eos)]
     verifier = methods[names.index(timed)].verifier
     section["ms_by_nodes"] = verify_cost_ms(verifier, SIZES, args.n_past, args.reps)
     return _bench(methods, prompts, args, section, save,
-                  lambda records: _divergences(records, outputs, prompts, methods[0].name, _top2_gap_through(verifier),
+                  lambda records: _divergences(records, outputs, prompts, methods[0].name, _logits_through(verifier),
                                                bound))
 
 
@@ -305,7 +307,7 @@ def _llamacpp_measure(args) -> dict:
     bound = NEAR_TIE["float32" if small_mode(args) else "quantized"]   # the tiny GGUF's weights are float32
     return _bench(methods, prompts, args, section, lambda section: None,
                   lambda records: _divergences(records, outputs, prompts, methods[0].name,
-                                               _top2_gap_through(verifier), bound))
+                                               _logits_through(verifier), bound))
 
 
 # ---------------------------------------------------------------- measuring
@@ -390,40 +392,42 @@ def _settled(records) -> dict:
     return settled
 
 
-def _divergences(records, outputs, prompts, baseline: str, top2_gap, bound) -> list[dict]:
-    """Every greedy output that differs from the baseline's: where, and plain decoding's top-2 logit
-    gap there (a near-tie when within `bound`; no gap where `top2_gap` is None: no logits here)."""
+def _divergences(records, outputs, prompts, baseline: str, logits_after, bound) -> list[dict]:
+    """Every greedy output that differs from the baseline's, explained (draftcore.tools.near_ties):
+    where it first differs, the two tokens, plain decoding's logit gap between them there
+    (logits_after(ids): plain decoding's logits after ids) and the verdict, near-tie within `bound`
+    or BUG. A record that differed in a round whose output was not the one kept is a BUG too: a
+    greedy method that differs from run to run is not explained by a near-tie of plain decoding."""
+    from draftcore.tools.near_ties import BUG, explain
     ids = {(p.dataset, p.idx): np.asarray(p.ids, np.int32).tobytes() for p in prompts}
     found = []
     for r in records:
         if r["identical"] is not False:
             continue
-        entry = {"dataset": r["dataset"], "idx": r["idx"], "method": r["method"], "position": r["first_difference"]}
-        prompt, reference = outputs[(baseline, ids[(r["dataset"], r["idx"])])]
-        if top2_gap is not None:
-            gap = top2_gap(np.concatenate([prompt, reference[:r["first_difference"]]]).astype(np.int64))
-            entry.update(top2_gap=gap, near_tie=bool(gap <= bound))
-        found.append(entry)
+        key = ids[(r["dataset"], r["idx"])]
+        prompt, reference = outputs[(baseline, key)]
+        explained = explain(prompt, reference, outputs[(r["method"], key)][1], logits_after, bound)
+        if explained is None:
+            explained = {"position": r["first_difference"], "plain_token": None, "other_token": None, "gap": None,
+                         "verdict": BUG}
+        found.append({"dataset": r["dataset"], "idx": r["idx"], "method": r["method"], **explained})
     return found
 
 
-def _top2_gap_through(verifier):
-    """top2_gap(ids) for _divergences: the gap of the logits after `ids`, from one prefill through a
+def _logits_through(verifier):
+    """logits_after(ids) for _divergences: the logits after `ids`, from one prefill through a
     Verifier (ONNX: the plain method's own session; llama.cpp: the verifier's own context). The next
     prompt's prefill starts the verifier afresh."""
-    def top2_gap(ids) -> float:
-        logits = verifier.prefill(np.asarray(ids, np.int32), 1)[1][0]
-        low, high = np.partition(logits, -2)[-2:]
-        return float(high - low)
-    return top2_gap
+    def logits_after(ids) -> np.ndarray:
+        return verifier.prefill(np.asarray(ids, np.int32), 1)[1][0]
+    return logits_after
 
 
-def _hf_top2_gap(model, ids) -> float:
+def _hf_logits(model, ids) -> np.ndarray:
+    """Plain decoding's logits after `ids`: one forward of the model over them (float32)."""
     import torch
     with torch.inference_mode():
-        logits = model(torch.as_tensor(ids, device=model.device)[None]).logits[0, -1].float()
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
+        return model(torch.as_tensor(ids, device=model.device)[None]).logits[0, -1].float().cpu().numpy()
 
 
 # ---------------------------------------------------------------- output
@@ -490,13 +494,35 @@ def section_tables(name: str, sec: dict) -> list[dict]:
                             ["cached tokens", *sec["chain_vs_one_token"]],
                             [["difference", *(f"{d:.3g}" for d in sec["chain_vs_one_token"].values())]]))
     if sec.get("divergences"):
-        tables.append(table(f"{name}: outputs that differ from plain decoding's",
-                            ["method", "prompt", "first different token", "plain's top-2 logit gap there", "verdict"],
-                            [[d["method"], f"{d['dataset']} {d['idx']}", d["position"],
-                              f"{d['top2_gap']:.3g}" if "top2_gap" in d else "-",
-                              ("near-tie" if d["near_tie"] else "MISMATCH") if "near_tie" in d else "-"]
-                             for d in sec["divergences"]]))
+        tables.append(table(f"{name}: outputs that differ from plain decoding's (verdict: near-tie within the "
+                            f"numerics bound, else BUG)",
+                            ["method", "prompt", "first different token", "tokens (plain / other)",
+                             "plain's logit gap there (top-1 - other's token)", "verdict"],
+                            [[d["method"], f"{d['dataset']} {d['idx']}", d["position"], _tokens_cell(d),
+                              _gap_cell(d), _verdict(d)] for d in sec["divergences"]]))
     return tables
+
+
+# Runs before the competing tokens' gap was recorded kept plain's top-2 gap (top2_gap, near_tie), or
+# none at all: those render as they were measured, and an unmeasured difference is unexplained.
+def _verdict(d: dict) -> str:
+    if "verdict" in d:
+        return d["verdict"]
+    if "near_tie" in d:
+        return "near-tie" if d["near_tie"] else "BUG"
+    return "BUG (no gap measured)"
+
+
+def _gap_cell(d: dict) -> str:
+    if d.get("gap") is not None:
+        return f"{d['gap']:.3g}"
+    return f"{d['top2_gap']:.3g} (top-2)" if "top2_gap" in d else "-"
+
+
+def _tokens_cell(d: dict) -> str:
+    if "plain_token" not in d:
+        return "-"
+    return " / ".join("(end)" if t is None else str(t) for t in (d["plain_token"], d["other_token"]))
 
 
 def report_of(data: dict) -> dict:
@@ -528,9 +554,8 @@ def report_of(data: dict) -> dict:
 def _divergence_line(divergences) -> str:
     if not divergences:
         return "Every greedy output identical to the baseline's."
-    cells = [f"{d['method']} on {d['dataset']} {d['idx']} at token {d['position']}"
-             + (f" (top-2 gap {d['top2_gap']:.3g}: {'near-tie' if d['near_tie'] else 'MISMATCH'})"
-                if "top2_gap" in d else "") for d in divergences]
+    cells = [f"{d['method']} on {d['dataset']} {d['idx']} at token {d['position']} "
+             f"(gap {_gap_cell(d)}: {_verdict(d)})" for d in divergences]
     return "Outputs that differ from the baseline's: " + "; ".join(cells) + "."
 
 

@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py in its small mode (`make gpu-check DEVICE=cpu`): the GPU check's every
 section runs here on the CPU through the code it runs on a GPU, so no later change can break the
-prepared GPU run unseen. Also its verdict on outputs that differ (near-tie or mismatch), and the
+prepared GPU run unseen. Also its verdict on outputs that differ (near-tie or BUG), and the
 staging's refusal of a missing or corrupt part."""
 from __future__ import annotations
 
@@ -76,32 +76,69 @@ def test_small_mode_outputs_equal_plain_decoding(small_run):
             continue
         assert sections[name]["divergences"] == [], name
         assert all(r["identical"] == r["prompts"] for r in sections[name]["rows"]), name
-    assert all(d["near_tie"] for d in sections["hf bfloat16"]["divergences"])
+    assert all(d["verdict"] == "near-tie" for d in sections["hf bfloat16"]["divergences"])
 
 
-def test_a_difference_is_a_near_tie_only_within_the_bound():
-    """The verdict the GPU run reports: the same difference is a near-tie when plain decoding's top-2
-    gap there is within the bound, and a mismatch when it is wider."""
+def _one_difference():
+    """A prompt, plain's output [7, 8, 9] and trie's [7, 8, 3]: they first differ at token 2."""
     from draftcore.tools.bench import Prompt
     prompt = Prompt("humaneval", 3, np.arange(5, dtype=np.int32))
     records = [{"dataset": "humaneval", "idx": 3, "method": "trie", "identical": False, "first_difference": 2},
                {"dataset": "humaneval", "idx": 3, "method": "plain", "identical": True, "first_difference": -1}]
-    outputs = {("plain", prompt.ids.tobytes()): (prompt.ids, np.array([7, 8, 9], np.int32))}
-    seen = []
+    outputs = {("plain", prompt.ids.tobytes()): (prompt.ids, np.array([7, 8, 9], np.int32)),
+               ("trie", prompt.ids.tobytes()): (prompt.ids, np.array([7, 8, 3], np.int32))}
+    return prompt, records, outputs
 
-    def gap(value):
-        def top2_gap(ids):
-            seen.append(ids.tolist())
-            return value
-        return top2_gap
 
-    tie = gpu_check._divergences(records, outputs, [prompt], "plain", gap(0.01), bound=0.5)
-    assert tie == [{"dataset": "humaneval", "idx": 3, "method": "trie", "position": 2, "top2_gap": 0.01,
-                    "near_tie": True}]
+def _logits(row, seen):
+    """Plain decoding's logits after any ids: `row` (vocab 12), the ids kept in `seen`."""
+    def logits_after(ids):
+        seen.append(ids.tolist())
+        return np.asarray(row, np.float32)
+    return logits_after
+
+
+def test_a_difference_is_a_near_tie_only_within_the_bound():
+    """The verdict the GPU run reports: plain decoding's logit gap between its top-1 token (9) and
+    the other output's token (3) where they first differ, a near-tie within the bound, else BUG."""
+    prompt, records, outputs = _one_difference()
+    seen, row = [], np.zeros(12)
+    row[9], row[3] = 4.0, 3.99
+    tie = gpu_check._divergences(records, outputs, [prompt], "plain", _logits(row, seen), bound=0.5)
+    assert tie == [{"dataset": "humaneval", "idx": 3, "method": "trie", "position": 2, "plain_token": 9,
+                    "other_token": 3, "gap": pytest.approx(0.01, abs=1e-5), "verdict": "near-tie"}]
     assert seen[-1] == [0, 1, 2, 3, 4, 7, 8]   # the prompt, then plain's output up to the difference
-    mismatch = gpu_check._divergences(records, outputs, [prompt], "plain", gap(2.0), bound=0.5)
-    assert mismatch[0]["near_tie"] is False
-    assert "MISMATCH" in gpu_check._divergence_line(mismatch)
+
+
+def test_a_planted_large_gap_is_called_a_bug_even_where_the_top_two_are_close():
+    """Plain's top two (9 and 5) are 0.01 apart, but the other output chose token 3, planted 6 below
+    the top: the old top-2 gap called that a near-tie; the competing tokens' gap calls it a BUG, in
+    the section's table and in its line of words."""
+    prompt, records, outputs = _one_difference()
+    row = np.zeros(12)
+    row[9], row[5], row[3] = 4.0, 3.99, -2.0
+    found = gpu_check._divergences(records, outputs, [prompt], "plain", _logits(row, []), bound=0.5)
+    assert found[0]["verdict"] == "BUG" and found[0]["gap"] == pytest.approx(6.0)
+    table = gpu_check.section_tables("onnx", {"divergences": found})[-1]
+    assert table["rows"] == [["trie", "humaneval 3", "2", "9 / 3", "6", "BUG"]]
+    assert "gap 6: BUG" in gpu_check._divergence_line(found)
+
+
+def test_an_output_that_ends_where_plain_goes_on_is_a_bug():
+    """No competing token to weigh (trie stopped at token 2, plain did not): unexplained, a BUG."""
+    prompt, records, outputs = _one_difference()
+    outputs[("trie", prompt.ids.tobytes())] = (prompt.ids, np.array([7, 8], np.int32))
+    found = gpu_check._divergences(records, outputs, [prompt], "plain", _logits(np.zeros(12), []), bound=0.5)
+    assert found[0]["position"] == 2 and found[0]["verdict"] == "BUG" and found[0]["other_token"] is None
+
+
+def test_runs_recorded_before_the_gap_render_as_they_were_measured():
+    """docs/results' older runs: a top-2 gap with its verdict, or no gap at all (unexplained: BUG)."""
+    old = [{"dataset": "mtbench", "idx": 5, "method": "trie", "position": 107},
+           {"dataset": "mtbench", "idx": 9, "method": "trie", "position": 52, "top2_gap": 0.25, "near_tie": True}]
+    rows = gpu_check.section_tables("onnx", {"divergences": old})[-1]["rows"]
+    assert rows == [["trie", "mtbench 5", "107", "-", "-", "BUG (no gap measured)"],
+                    ["trie", "mtbench 9", "52", "-", "0.25 (top-2)", "near-tie"]]
 
 
 def test_staged_parts_are_joined_only_when_complete_and_intact(tmp_path):
@@ -123,8 +160,8 @@ def test_staged_parts_are_joined_only_when_complete_and_intact(tmp_path):
     assert gpu_stage.assemble(tmp_path, "other.whl")[0] is None
 
 
-def test_the_top2_gap_is_read_through_a_verifier():
-    """ONNX's and llama.cpp's near-tie verdict: the gap between the two largest logits after the ids, from one prefill."""
+def test_plain_logits_are_read_through_a_verifier():
+    """ONNX's and llama.cpp's near-tie verdict: the logits after the ids, from one prefill."""
     calls = []
 
     class Verifier:
@@ -132,7 +169,7 @@ def test_the_top2_gap_is_read_through_a_verifier():
             calls.append((ids.dtype, ids.tolist(), n_logits))
             return np.array([2], np.int32), np.array([[0.5, 3.0, -1.0, 2.75]], np.float32)
 
-    assert gpu_check._top2_gap_through(Verifier())(np.array([4, 5], np.int64)) == 0.25
+    assert gpu_check._logits_through(Verifier())(np.array([4, 5], np.int64)).tolist() == [0.5, 3.0, -1.0, 2.75]
     assert calls == [(np.int32, [4, 5], 1)]
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..validate import positive_int
+from .near_ties import first_difference
 from . import variants  # noqa: F401  (registers the measured variants: every method runs them by name)
 from .report import make_report, table, table_text
 
@@ -261,11 +262,8 @@ def _median_round(runs: Sequence[dict]) -> dict:
 
 
 def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.shape[0], b.shape[0])
-    diff = np.flatnonzero(a[:n] != b[:n])
-    if diff.size:
-        return int(diff[0])
-    return -1 if a.shape[0] == b.shape[0] else n
+    position = first_difference(b, a)
+    return -1 if position is None else position
 
 
 def summarize(records: list[dict], baseline: str) -> list[dict]:
