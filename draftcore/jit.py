@@ -14,7 +14,7 @@ Each kernel module defines `warm_up()`, which calls every kernel once on tiny in
     module                                       kernels
     draftcore.tree_kernels                       ancestor mask, depths from parents
     draftcore.acceptance                         greedy walk, one step of the exact sampling walk
-    draftcore.budget_kernels                     the auto budget's expected accepted tokens per tree prefix
+    draftcore.budget.kernels                     the auto budget's expected accepted tokens per tree prefix
     draftcore.processors                         repetition / presence / frequency penalties, top-k, top-p, min-p
     draftcore.drafters.trie_pool_kernels         the trie's node pool: layout, free list, decay and pruning
     draftcore.drafters.trie_count_kernels        a trie request's counting (branch inserting) and its end

@@ -588,9 +588,9 @@ def test_both_budgets_keep_the_policy_contract():
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.integers(0, 2**32 - 1))
 def test_learn_outcomes_matches_its_naive_twin(seed):
-    """budget_kernels.learn_outcomes against naive_learn_outcomes: random trees, cells, outcomes (some
+    """kernels.learn_outcomes against naive_learn_outcomes: random trees, cells, outcomes (some
     unknown), verified prefixes, menus and step costs (sometimes none measured: empty sizes)."""
-    K = kernels("draftcore.budget_kernels")
+    K = kernels("draftcore.budget.kernels")
     rng = np.random.default_rng(seed)
     for _ in range(20):
         n = int(rng.integers(2, 40))
@@ -623,9 +623,9 @@ def test_learn_outcomes_matches_its_naive_twin(seed):
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.integers(0, 2**32 - 1))
 def test_measured_growth_matches_its_naive_twin(seed):
-    """budget_kernels.measured_growth against naive_measured_growth: random menus and tables, from
+    """kernels.measured_growth against naive_measured_growth: random menus and tables, from
     none to every size measured, costs that grow, stay flat or fall."""
-    K = kernels("draftcore.budget_kernels")
+    K = kernels("draftcore.budget.kernels")
     rng = np.random.default_rng(seed)
     for _ in range(20):
         sizes = menu(int(rng.integers(1, 70)))
@@ -693,10 +693,10 @@ def test_fading_the_calibration_in_place_is_the_numpy_arithmetic_bit_for_bit():
 @settings(max_examples=80, deadline=None, derandomize=True)
 @given(st.integers(0, 2**32 - 1))
 def test_the_choices_kernel_is_its_naive_twin(seed):
-    """budget_kernels.menu_values (CostAwareBudget.choose's arithmetic in one call) against
+    """kernels.menu_values (CostAwareBudget.choose's arithmetic in one call) against
     naive_menu_values: random trees and calibrated probabilities, menus cut anywhere, estimates with
     a zero or negative root-only cost, NaN and equal values, slack and max_loss from none to inf."""
-    K = kernels("draftcore.budget_kernels")
+    K = kernels("draftcore.budget.kernels")
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 66))
     parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], np.int32)
@@ -715,7 +715,7 @@ def test_the_choices_kernel_is_its_naive_twin(seed):
                                                        slack, max_loss, HOPELESS)
     np.testing.assert_allclose(value, want, rtol=1e-12, atol=0)
     assert (best, hopeless) == (want_best, want_hopeless)
-    # the kernel's cut is FloorGuard.affordable's (request_size asks it), not a rule of its own: no
+    # one cut (kernels.affords) behind both menu_values and FloorGuard.affordable (request_size asks it): no
     # value here is 0 before the cut (a positive numerator over finite, NaN or non-positive seconds)
     if estimates[0] > 0:
         guard = FloorGuard(max_loss)

@@ -29,7 +29,7 @@ def test_would_accept_matches_its_naive_twin():
 
 
 def test_expected_accepted_matches_its_naive_twin_and_never_counts_siblings_twice():
-    K = kernels("draftcore.budget_kernels")
+    K = kernels("draftcore.budget.kernels")
     rng = np.random.default_rng(1)
     for _ in range(300):
         tree = random_tree(rng, int(rng.integers(2, 25)), 50)

@@ -45,7 +45,7 @@ class Calibration:
         self.prior_offered, self.prior_accepted = self.offered.copy(), self.accepted.copy()
         self.probability = (self.accepted / self.offered).ravel()   # flat, refreshed as the counts change
         self._rank_bucket = rank_buckets(max_nodes + 2, RANKS)
-        self._kernels = kernels("draftcore.budget_kernels")
+        self._kernels = kernels("draftcore.budget.kernels")
 
     def cells(self, tree: DraftTree, m: int) -> np.ndarray:
         """Flat calibration cell of the first m nodes: score bin (`DraftTree.score_bins`) * RANKS +
@@ -65,7 +65,7 @@ class Calibration:
 
     def expected_accepted(self, tree: DraftTree, m: int) -> np.ndarray:
         """float64[m]: [k] the expected accepted candidates of the tree's first k candidates, the
-        calibrated probabilities made consistent with the tree (budget_kernels.expected_accepted:
+        calibrated probabilities made consistent with the tree (kernels.expected_accepted:
         two siblings calibrated at 0.8 each do not make 1.6 tokens)."""
         return self._kernels.expected_accepted(self.probabilities(tree, m), tree.parents, m)
 
@@ -90,7 +90,7 @@ class Calibration:
         the first `verified`, then return (expected, accepted) tokens of the prefix a budget with
         menu `sizes` (empty: none) costing `seconds` would pick on the calibration alone, where that
         prefix is longer than what was verified and every outcome in it is known; else (-1, 0).
-        (budget_kernels.learn_outcomes, in one call.)"""
+        (kernels.learn_outcomes, in one call.)"""
         n = tree.n_candidates
         return self._kernels.learn_outcomes(
             self.offered.reshape(-1), self.accepted.reshape(-1), self.probability, self.cells(tree, n), outcome,

@@ -15,7 +15,7 @@ budget runs:
     idle.py         IdleSkipping   skip asking a drafter that keeps drafting nothing, where asking costs
     aftermath.py    Aftermath      a drafted step's cost includes what it leaves for the next step
     floor.py        FloorGuard     a request verifies only the trees whose worst case its slack affords
-    lookahead.py    window_pays    whether a lookahead window rides along; LookaheadProbe
+    lookahead.py    Windows        whether a lookahead window rides along: its probe, experiments, charge
 
 docs/budget.md gives the measurements behind each rule.
 """
@@ -36,7 +36,7 @@ from .contexts import ContextCosts
 from .explore import HOPELESS, Explorer
 from .floor import FloorGuard
 from .idle import IdleSkipping
-from .lookahead import LookaheadProbe, window_pays
+from .lookahead import Windows
 from .pausing import PauseTrials
 
 
@@ -102,12 +102,11 @@ class CostAwareBudget:
         self._sees_outcomes = False   # the loop reports outcomes (speculate does; a draft model does not)
         self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
-        self._lookahead = LookaheadProbe(trial_every=self.trial_every, backoff=self.explore_backoff)
-        self._window_experiment = None   # (its price at the worst in root-only steps, a root-only step's seconds)
+        self._windows = Windows(self.window_cost, self.trial_every, self.explore_backoff)
         self._aftermath = Aftermath()
         self._guard = FloorGuard(self.max_loss)
         self._next_n_past = -1   # the context the next step of the same sequence starts from
-        self._kernels = kernels("draftcore.budget_kernels")
+        self._kernels = kernels("draftcore.budget.kernels")
 
     @property
     def _costs(self):
@@ -157,7 +156,7 @@ class CostAwareBudget:
             return self._skipping.after_choice(0, False)
         if not self._costs.root_measured(tree.n_lookahead):
             return 0  # first measure what a step without candidates costs
-        # One kernel (budget_kernels.menu_values): each menu size's expected tokens per second, the
+        # One kernel (kernels.menu_values): each menu size's expected tokens per second, the
         # tree's window priced in. A proposal whose best draft is worth less than half of no draft
         # (HOPELESS) says the drafter has nothing here: the next step verifies the root without
         # asking it. A tree the request cannot afford (FloorGuard) is not verified, priced against
@@ -170,54 +169,13 @@ class CostAwareBudget:
         return self._skipping.after_choice(int(self.sizes[best]) - 1, hopeless)
 
     def keep_lookahead(self, tree: DraftTree, n_draft: int) -> bool:
-        """Keep the window while its measured extra cost is at most `window_cost` of the same step
-        without it. A window never measured rides once to be measured, and one dropped rides now
-        and then anyway, to be measured again (`LookaheadProbe.trial`); both only where the
-        request's floor affords the window at its worst (`_window_at_worst`), and are charged to
-        it whole (`observe`)."""
-        if self.window_cost == float("inf"):
-            return True
-        costs, n_lookahead = self._costs, tree.n_lookahead
-        if not costs.prices_windowless():
-            return False   # judged against the step without it, measured first (not a verdict)
-        if costs.prices_window(n_lookahead):
-            if window_pays(costs, n_lookahead, n_draft, self.window_cost):
-                return self._lookahead.decided(True, self._step)
-            worst = self._window_at_worst(n_lookahead, n_draft)
-            if worst is not None and self._lookahead.trial(self._step):
-                costs.remeasure(n_lookahead)
-                self._window_experiment = worst
-                return True
-            return self._lookahead.decided(False, self._step)
-        if self._aftermath.holds(costs, n_lookahead):
-            return False   # its first step's cost is learnt with this one's (aftermath.py): no second experiment
-        self._window_experiment = worst = self._window_at_worst(n_lookahead, n_draft)
-        return self._lookahead.decided(worst is not None, self._step)
-
-    def _window_at_worst(self, n_lookahead: int, n_draft: int) -> tuple[float, float] | None:
-        """(the step's cost at its worst in root-only steps, a root-only step's seconds) for a
-        window step that is an experiment (a window never measured, or a trial of one dropped),
-        where the request's slack (FloorGuard) affords it beside the tree's own worst case; None
-        where it does not. The window is priced as `n_lookahead` more candidates where the table
-        measured a tree that big, else at a root-only step a node, the dearest measured (llama.cpp
-        CPU's second node): a window's first step there cost 5-8 root-only steps, and the early
-        guesses say a tenth of that."""
-        costs = self._costs
-        root = costs.root_estimate(0)
-        if not root > 0:   # a clock that never advanced prices nothing: afforded, charged nothing
-            return float(n_draft + 1 + n_lookahead), 0.0
-        with_window, without = costs.cost([n_draft + 1 + n_lookahead, n_draft + 1], 0) / root
-        if costs.largest_measured_without_window() < n_draft + 1 + n_lookahead:
-            with_window = without + n_lookahead
-        tree_worst_case = max(without - (1.0 + self._guard.max_loss), 0.0)
-        if with_window - without > self._guard.slack - tree_worst_case:
-            return None
-        return float(with_window), root
+        """Whether the tree's lookahead window rides along (draftcore.budget.lookahead.Windows)."""
+        return self._windows.keep(self._costs, tree.n_lookahead, n_draft, self._step, self._guard, self._aftermath)
 
     def wants_lookahead(self) -> bool:
         """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
         kept or none was judged; once one is dropped, every 16th step)."""
-        return self._lookahead.wants()
+        return self._windows.wants()
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
         # NaN or a negative time too: one bad time would steer every later choice
@@ -235,13 +193,9 @@ class CostAwareBudget:
         # a clock that never advanced (or one too coarse to see a root-only step) prices nothing:
         # each step then counts as one root-only step
         drafting = self._trials.end_step(self._step, path.shape[0], seconds / unit if unit > 0 else 1.0)
-        experiment, self._window_experiment = self._window_experiment, None
-        if experiment is not None and tree.n_lookahead:
-            # a window's first step or trial: charged whole, against its price at the worst
-            units_at_worst, root = experiment
-            if root > 0:
-                self._guard.learn(path.shape[0], seconds / root, units_at_worst)
-        elif (without_candidates := self._costs.root_estimate(tree.n_lookahead)) > 0:
+        # a window's first step or trial is charged whole by the window part, against its price at the worst
+        if not self._windows.charge(tree, path, seconds, self._guard) and \
+                (without_candidates := self._costs.root_estimate(tree.n_lookahead)) > 0:
             self._guard.learn(path.shape[0], seconds / without_candidates,
                               self._costs.cost(tree.n_candidates, tree.n_lookahead) / without_candidates
                               if tree.n_candidates > 1 else None)

@@ -214,7 +214,7 @@ class CostTable:
         """The table with every unmeasured size guessed. A window's, from the table without one
         (`_with_window`). Without a window:
         - from the prior where it has one (`_from_prior`: it measured sizes this table has not);
-        - else from the cost growth measured around the size (budget_kernels.measured_growth):
+        - else from the cost growth measured around the size (kernels.measured_growth):
           between two measured sizes, the smaller one's cost plus half the slope between them;
           above the largest measured size, where at least two are, its cost plus half the slope
           measured up to it from the smallest. Half, so the guess stays optimistic and the size
@@ -227,14 +227,14 @@ class CostTable:
         - else optimistically: the step with the fewest nodes measured so far (with any window,
           `_optimistic_base`) growing by `optimism` per node, so bigger trees get tried, measured
           and then kept or dropped.
-        Without a prior it is one kernel call (budget_kernels.guessed_costs): a root-only step's
+        Without a prior it is one kernel call (kernels.guessed_costs): a root-only step's
         cost changes the guesses, so they are redone on every drafting step."""
         if n_lookahead:
             return self._with_window(n_lookahead, with_prior)
         known = self.table(0)
         guess = self._from_prior(known) if with_prior else None
         if guess is None:
-            return kernels("draftcore.budget_kernels").guessed_costs(known, self.sizes, self._optimistic_base(),
+            return kernels("draftcore.budget.kernels").guessed_costs(known, self.sizes, self._optimistic_base(),
                                                                      self.optimism)
         known = known.copy()
         missing = np.isnan(known)

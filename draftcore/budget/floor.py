@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..jit import kernels
 from .costs import OUTLIER
 
 # Root-only steps of slack a request starts with: a request may lose one step to learning before it
@@ -57,10 +58,9 @@ class FloorGuard:
     def affordable(self, step_units: np.ndarray) -> np.ndarray:
         """bool per menu entry, `step_units` its estimated cost in root-only steps: whether a step of
         that size that accepts nothing keeps the slack at or above zero (the root-only entry, 0,
-        always). `choose` makes the same cut inside budget_kernels.menu_values; a test ties the two."""
-        fits = step_units - (1.0 + self.max_loss) <= self.slack
-        fits[0] = True
-        return fits
+        always). One cut, kernels.affords, which `choose` makes inside kernels.menu_values too."""
+        return kernels("draftcore.budget.kernels").affordable(np.asarray(step_units, np.float64), self.slack,
+                                                              self.max_loss)
 
     def learn(self, tokens: int, step_units: float, estimate: float | None) -> None:
         """A step emitted `tokens` and took `step_units` root-only steps (measured); `estimate`: what

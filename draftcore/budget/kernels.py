@@ -1,4 +1,5 @@
-"""Numba kernels behind `CostAwareBudget` (loaded through `draftcore.jit.kernels`, never at import)."""
+"""Numba kernels behind `CostAwareBudget` (loaded through `draftcore.jit.kernels`, never at import:
+draftcore.budget imports no module that imports this one)."""
 import numba as nb
 import numpy as np
 
@@ -27,6 +28,22 @@ def expected_accepted(p, parents, n):
     return out
 
 
+@nb.njit(cache=True)
+def affords(step_units, slack, max_loss):
+    """The floor's one cut (draftcore.budget.floor): whether a step of `step_units` root-only steps
+    that accepts nothing keeps a request's `slack` at or above zero (NaN: not afforded)."""
+    return step_units - (1.0 + max_loss) <= slack
+
+
+@nb.njit(cache=True)
+def affordable(step_units, slack, max_loss):
+    """FloorGuard.affordable: `affords` per menu entry, the root-only entry (0) always."""
+    out = np.empty(step_units.shape[0], np.bool_)
+    for j in range(step_units.shape[0]):
+        out[j] = j == 0 or affords(step_units[j], slack, max_loss)
+    return out
+
+
 @nb.njit(cache=True, error_model="numpy")   # a clock that never advanced gives 0 s: inf or NaN, as numpy's
 def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_loss, hopeless_share):
     """CostAwareBudget.choose's arithmetic in one call: (float64[n_menu] tokens per second of each
@@ -34,9 +51,9 @@ def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_
     whether the proposal is hopeless). `p`: the calibrated acceptance of the tree's first n nodes;
     each entry's value is (1 + correction * expected accepted of its sizes[j] - 1 candidates) /
     estimates[j]; hopeless: no drafted entry is worth `hopeless_share` of the root-only one, before
-    the guard. The guard (FloorGuard.affordable) keeps an entry whose cost in root-only steps, less
-    1 + max_loss, is at most `slack`, and always the root; it prices nothing where estimates[0] is
-    not > 0. The same arithmetic, in the same order, as the numpy expressions it replaces; NaN as
+    the guard. The guard (`affords`, FloorGuard's cut) keeps an entry whose cost in root-only steps,
+    less 1 + max_loss, is at most `slack`, and always the root; it prices nothing where estimates[0]
+    is not > 0. The same arithmetic, in the same order, as the numpy expressions it replaces; NaN as
     numpy's max and argmax see it."""
     expected = expected_accepted(p, parents, n)
     value = np.empty(n_menu)
@@ -54,7 +71,7 @@ def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_
         hopeless = not has_nan and top < hopeless_share * value[0]
     if estimates[0] > 0:
         for j in range(1, n_menu):
-            if not estimates[j] / estimates[0] - (1.0 + max_loss) <= slack:
+            if not affords(estimates[j] / estimates[0], slack, max_loss):
                 value[j] = 0.0
     best = 0
     for j in range(1, n_menu):
@@ -198,6 +215,7 @@ def warm_up() -> None:
     counts = np.ones(4)
     learn_outcomes(counts, counts * 0.5, counts * 0.5, np.arange(4), np.array([1, 1, 0, -1], np.int8), 0,
                    parents, 4, np.array([1, 2, 3, 4]), np.ones(4))
+    affordable(np.array([1.0, 2.0]), 1.0, 0.02)
     measured_growth(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64))
     guessed_costs(np.array([1.0, np.nan, 2.0, np.nan]), np.array([1, 2, 3, 4], np.int64), 1.0, 0.05)
     table = np.ones((2, 3))
