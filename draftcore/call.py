@@ -1,30 +1,74 @@
-"""One call's settings, validated before anything changes: what the decode loop reads besides the
-verifier, the drafter and the budget policy.
+"""One call, built once: its options, validated before anything changes, with the drafter, the
+budget policy and what each part can do, resolved once. The decode loop reads nothing else.
 
-    call = Call.of(verifier, prompt, max_new_tokens=128, eos_token_id=2, sampling=None, ...)
+    options = Options.of({"max_new_tokens": 64, ...})   # the keyword arguments of every public call
+    call = Call.of(verifier, prompt, options, resolve)   # resolve(drafter, budget) -> (drafter, policy)
     call.prompt, call.max_new_tokens, call.limits, call.stops, call.rule, call.clock, call.was_text
+    call.verifier, call.drafter, call.policy, call.capabilities
 
-Every argument is checked here and refused with a DraftcoreError naming it: a refused call leaves
-the verifier, the drafter and the session as they were.
+`Options` is the one definition of those arguments and their defaults: `speculate`,
+`speculate_stream` and the Session's calls take them as **options and show them as their signature
+(`takes_options`). Every argument is checked here and refused with a DraftcoreError naming it: a
+refused call leaves the verifier, the drafter and the session as they were.
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .capabilities import Capabilities, PolicyCapabilities, VerifierCapabilities, check_drafter
 from .checks import VerifierLimits
 from .errors import ConfigError, InputError, describe
-from .sampling import GreedyRule, ProcessedRule, as_sampling_params, make_rule
+from .sampling import GreedyRule, ProcessedRule, SamplingParams, as_sampling_params, make_rule
 from .validate import positive_int, token_array
 
 
 @dataclass(frozen=True)
+class Options:
+    """The keyword arguments of `speculate`, `speculate_stream`, `Session.speculate` and
+    `Session.stream`, with their defaults (see `draftcore.speculate` for each one's meaning)."""
+
+    max_new_tokens: int = 128
+    drafter: Any = None
+    budget: Any = None
+    eos_token_id: int | Sequence[int] | None = None
+    stop_sequences: Sequence[Sequence[int]] | None = ()
+    sampling: SamplingParams | dict | None = None
+    clock: Callable[[], float] | None = None
+
+    @staticmethod
+    def of(given: dict) -> "Options":
+        """`given` (a call's **options) as Options, or InputError naming an argument no call takes."""
+        names = [f.name for f in fields(Options)]
+        for name, value in given.items():
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise InputError(f"{name}: got {name}={describe(value)}, but speculate takes no argument {name!r}"
+                                 f"{hint}; expected one of {', '.join(names)}")
+        return Options(**given)
+
+
+def takes_options(function):
+    """`function(..., **options)` shown with `Options`' arguments as keyword-only parameters, so
+    help(), editors and inspect.signature list them where they are defined once."""
+    signature = inspect.signature(function)
+    parameters = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    parameters += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+                   for f in fields(Options)]
+    function.__signature__ = signature.replace(parameters=parameters)
+    return function
+
+
+@dataclass(frozen=True)
 class Call:
-    """A call's validated settings (see `draftcore.speculate` for each argument's meaning)."""
+    """A call's validated settings and resolved parts."""
 
     prompt: np.ndarray          # int32[T], T < limits.max_context
     max_new_tokens: int         # prompt + max_new_tokens <= limits.max_context
@@ -33,29 +77,40 @@ class Call:
     rule: GreedyRule | ProcessedRule   # how each token is picked (draftcore.sampling)
     clock: Callable[[], float]  # seconds, non-decreasing
     was_text: bool              # the prompt was text: the result carries text too
+    verifier: Any
+    drafter: Any                # a Drafter, checked (draftcore.capabilities.check_drafter)
+    policy: Any                 # a BudgetPolicy
+    capabilities: Capabilities  # what the verifier, the drafter and the policy can do
 
     @staticmethod
-    def of(verifier, prompt, *, max_new_tokens, eos_token_id, stop_sequences, sampling, clock) -> "Call":
+    def of(verifier, prompt, options: Options, resolve) -> "Call":
+        """The call's settings, checked; then `resolve(options.drafter, options.budget) -> (drafter,
+        policy)` (the session's, which may build a named drafter: only once the settings passed)."""
+        verifier_caps = VerifierCapabilities.of(verifier)
         was_text = isinstance(prompt, str)
         if was_text:
-            if not callable(getattr(verifier, "encode", None)):
+            if verifier_caps.encode is None:
                 raise InputError(f"prompt: got text, but {type(verifier).__name__} has no encode(); "
                                  f"pass int32 token ids")
-            prompt = verifier.encode(prompt)
-        limits = VerifierLimits.of(verifier)
+            prompt = verifier_caps.encode(prompt)
+        limits = VerifierLimits.of(verifier_caps)
         prompt = token_array("prompt", prompt, vocab_size=limits.vocab_size)
         if prompt.shape[0] >= limits.max_context:
             raise InputError(f"prompt: {prompt.shape[0]} tokens; expected fewer than the verifier's max_context "
                              f"{limits.max_context} (the prompt and at least one new token must fit)")
-        max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
+        max_new_tokens = positive_int("max_new_tokens", options.max_new_tokens)
         if prompt.shape[0] + max_new_tokens > limits.max_context:
             raise InputError(
                 f"max_new_tokens: prompt ({prompt.shape[0]} tokens) + max_new_tokens ({max_new_tokens}) = "
                 f"{prompt.shape[0] + max_new_tokens} exceeds the verifier's max_context {limits.max_context}; "
                 f"expected at most {limits.max_context - prompt.shape[0]}")
-        stops = Stops(eos_token_id, stop_sequences, limits.vocab_size)
-        rule = make_rule(as_sampling_params(sampling), limits.vocab_size)
-        return Call(prompt, max_new_tokens, limits, stops, rule, _clock(clock), was_text)
+        stops = Stops(options.eos_token_id, options.stop_sequences, limits.vocab_size)
+        rule = make_rule(as_sampling_params(options.sampling), limits.vocab_size)
+        clock = _clock(options.clock)
+        drafter, policy = resolve(options.drafter, options.budget)
+        capabilities = Capabilities(verifier_caps, check_drafter(drafter), PolicyCapabilities.of(policy))
+        return Call(prompt, max_new_tokens, limits, stops, rule, clock, was_text, verifier, drafter, policy,
+                    capabilities)
 
 
 class Stops:

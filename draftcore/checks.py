@@ -7,7 +7,7 @@
     check_token(name, token, vocab_size)  one token id (Verifier.advance's argument and result)
     check_observation(tree, tokens, path) what a drafter's observe() is given (a caller may call it too)
     check_node_results(...)               what a verifier returned (the loop's check of a backend)
-    VerifierLimits.of(verifier)           the protocol's attributes, the optional ones included
+    VerifierLimits.of(capabilities)       the protocol's attributes, the optional ones included
 
 Input from a caller is refused with `InputError` before any state changes; output from a backend
 that breaks the protocol is a `BackendError`. Every message names the argument, the value and what
@@ -17,6 +17,7 @@ verify and commit, where a dozen small numpy calls cost more than the check itse
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from .errors import BackendError, InputError, describe
 from .jit import kernels
 from .tree import DraftTree, check_tree  # noqa: F401 (check_tree: the boundary checks in one place)
 from .validate import positive_int
+
+if TYPE_CHECKING:
+    from .capabilities import VerifierCapabilities
 
 MISSING = -1  # a node's token when the backend did not evaluate that node (see Verifier.verify)
 
@@ -123,11 +127,12 @@ class VerifierLimits:
     max_tree_leaves: int | None
 
     @staticmethod
-    def of(verifier) -> "VerifierLimits":
-        vocab_size = positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None))
-        max_context = positive_int("verifier.max_context", getattr(verifier, "max_context", None))
-        nodes = getattr(verifier, "max_tree_nodes", None)
+    def of(verifier: "VerifierCapabilities") -> "VerifierLimits":
+        """From a verifier's capabilities (`draftcore.capabilities`, where its attributes are read)."""
+        vocab_size = positive_int("verifier.vocab_size", verifier.vocab_size)
+        max_context = positive_int("verifier.max_context", verifier.max_context)
+        nodes = verifier.max_tree_nodes
         nodes = max_context if nodes is None else positive_int("verifier.max_tree_nodes", nodes)
-        leaves = getattr(verifier, "max_tree_leaves", None)
+        leaves = verifier.max_tree_leaves
         leaves = None if leaves is None else positive_int("verifier.max_tree_leaves", leaves)
         return VerifierLimits(vocab_size, max_context, nodes, leaves)

@@ -4,7 +4,7 @@ state), held for the request's lifetime. A second claim while one is held raises
 instead of letting two requests corrupt each other.
 
 An object that declares `concurrent_requests = True` (a TrieDrafter: every request gets its own
-state; a FixedBudget: it has none) is never claimed.
+state; a FixedBudget: it has none) is never claimed (draftcore.capabilities reads the flag).
 """
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ from .errors import BusyError
 # so claiming needs no lock (a free-threaded CPython build would need one here), and releasing is
 # done by the holder only. A claim keeps its object alive, so the id cannot be reused while it is held.
 _held: dict = {}
-
-
-def serves_many(obj) -> bool:
-    """True if `obj` declares that concurrent requests may share it."""
-    return getattr(obj, "concurrent_requests", False) is True
 
 
 class Claim:

@@ -1,18 +1,19 @@
 """One request's drafting as the decode loop sees it: what to verify each step, and the feedback.
 
-    drafting = StepDrafting(request, policy, limits)
+    drafting = StepDrafting(request, policy, limits, request_caps, policy_caps)
     tree, proposal = drafting.draft(context, n_past, tokens_wanted)   # the tree to verify
     drafting.observe(tree, node_tokens, path)                         # the request's observe, if any
 
 `request` is what `drafter.start(prompt)` returned (or the drafter itself). The optional members of
 the protocols (`DraftRequest.observe`, `lookahead_optional`, `returns_valid_trees`; a policy's
-`at_context`, `wants_lookahead` and `keep_lookahead`) are read once here, so the loop calls plain methods that do
-nothing where a drafter or policy has nothing to say.
+`at_context`, `wants_lookahead` and `keep_lookahead`) come read once (draftcore.capabilities), and
+become plain methods here that do nothing where a drafter or policy has nothing to say.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .capabilities import PolicyCapabilities, RequestCapabilities
 from .errors import BackendError, InputError
 from .tree import DraftTree, check_tree
 
@@ -22,28 +23,26 @@ class StepDrafting:
     verify holds (nodes, cache cells, leaves); a lookahead window that does not fit is dropped whole,
     never cut."""
 
-    def __init__(self, request, policy, limits):
+    def __init__(self, request, policy, limits, request_caps: RequestCapabilities | None = None,
+                 policy_caps: PolicyCapabilities | None = None):
         self.request, self.policy, self.limits = request, policy, limits
-        self.update, self.finish = request.update, request.finish
+        caps = RequestCapabilities.of(request) if request_caps is None else request_caps
+        policy_caps = PolicyCapabilities.of(policy) if policy_caps is None else policy_caps
+        self.update, self.finish = caps.update, caps.finish
         # draftcore's own drafters are trusted to return well-formed trees; anything else is checked.
-        self._trusted = getattr(request, "returns_valid_trees", False) is True
-        observe = getattr(request, "observe", None)
-        self.observe = observe if callable(observe) else _ignore
+        self._trusted = caps.returns_valid_trees
+        self.observe = caps.observe or _ignore
         # What the loop passes to observe is valid by construction (its own tree of a trusted
         # proposal, the tokens check_node_results passed, the acceptance rule's checked path), so a
         # trusted request that offers it skips its own check: ~25 µs of every step, 0.2 % of a
         # llama.cpp CPU step, spent on a root-only tree it learns nothing from.
-        observe_checked = getattr(request, "observe_checked", None)
-        if self._trusted and callable(observe) and callable(observe_checked):
-            self.observe = observe_checked
+        if self._trusted and caps.observe is not None and caps.observe_checked is not None:
+            self.observe = caps.observe_checked
         # A request that can leave its lookahead window out is told when the policy wants none.
-        self._lookahead_optional = getattr(request, "lookahead_optional", False) is True
-        wants = getattr(policy, "wants_lookahead", None)
-        self._wants_lookahead = wants if callable(wants) else _always
-        keeps = getattr(policy, "keep_lookahead", None)
-        self._keeps_lookahead = keeps if callable(keeps) else _always
-        at_context = getattr(policy, "at_context", None)
-        self._at_context = at_context if callable(at_context) else _ignore
+        self._lookahead_optional = caps.lookahead_optional
+        self._wants_lookahead = policy_caps.wants_lookahead or _always
+        self._keeps_lookahead = policy_caps.keep_lookahead or _always
+        self._at_context = policy_caps.at_context or _ignore
 
     def draft(self, context: np.ndarray, n_past: int, tokens_wanted: int) -> tuple[DraftTree, DraftTree]:
         """(the tree to verify this step, the drafter's whole proposal), for `context` (int32, ending

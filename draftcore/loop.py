@@ -15,8 +15,9 @@
 One loop for every acceptance rule (`draftcore.sampling`): greedy asks the verifier for no logits (it
 returns every node's argmax, computed where the logits live); sampling, and greedy with penalties,
 asks for the candidates' logits, processes each row for its own prefix and accepts exactly.
-`open_stream` is the one way in: `draftcore.speculate` and `Session.speculate` both call it, each
-with its own way of resolving the drafter and the budget.
+`open_stream(call)` is the one way in: `draftcore.speculate` and `Session.speculate` both build the
+`Call` (draftcore.call: the settings, the resolved drafter and budget policy, what each part can
+do) and hand it over; the loop asks that call and calls nothing back.
 """
 from __future__ import annotations
 
@@ -25,67 +26,50 @@ from typing import Iterator
 
 import numpy as np
 
-from .budget import as_budget_policy
 from .call import Call
-from .checks import check_node_results, check_token
-from .claims import BUDGET_ADVICE, DRAFTER_ADVICE, VERIFIER_ADVICE, Claim, serves_many
+from .capabilities import RequestCapabilities
+from .claims import BUDGET_ADVICE, DRAFTER_ADVICE, VERIFIER_ADVICE, Claim
 from .drafting import StepDrafting
-from .errors import BackendError, ConfigError, describe
+from .errors import ConfigError, describe
 from .outcomes import ProposalOutcomes
 from .result import SpeculateResult, SpeculateStats
 from .text import IncrementalText
+from .verifying import StepVerifier
 
-_REQUEST_METHODS = ("propose", "update", "finish")
 _FIRST_CONTEXT = 1024  # context buffer tokens after the prompt; it doubles as tokens arrive
 _TEXT_CONTEXT = 4      # prompt tokens decoded before the first generated one (its leading space)
 
 
-def open_stream(verifier, prompt, *, drafter, budget, resolve, **options) -> "SpeculationStream":
-    """Validate the call (`Call.of`: prompt, max_new_tokens, eos_token_id, stop_sequences,
-    sampling, clock), then `resolve(drafter, budget) -> (drafter, budget policy)`, then claim what
-    serves one request at a time: a refused call changes nothing. Returns the stream to iterate."""
-    call = Call.of(verifier, prompt, **options)
-    drafter, policy = resolve(drafter, budget)
-    policy = as_budget_policy(policy)
-    if isinstance(drafter, type):
-        raise ConfigError(f"drafter: expected a drafter object, got the class {drafter.__name__}; pass an instance "
-                          f"({drafter.__name__}(...)) or a name")
-    shared = serves_many(drafter)
-    needed = ("start",) if shared else ("start",) + _REQUEST_METHODS
-    missing = [m for m in needed if not callable(getattr(drafter, m, None))]
-    if missing:
-        raise ConfigError(f"drafter: {describe(drafter)} lacks the Drafter method(s) {missing}; expected "
-                          f"start(prompt) returning a request (propose(context, budget), update(tokens), "
-                          f"finish()), or None with those methods on the drafter itself")
+def open_stream(call: Call) -> "SpeculationStream":
+    """Claim what serves one request at a time (a drafter or budget policy that does not declare
+    concurrent_requests, and always the verifier): a refused claim releases the others. Returns the
+    stream to iterate; decoding starts at its first item."""
+    capabilities = call.capabilities
     claims = []
     try:
-        claims.append(Claim(verifier, "verifier", VERIFIER_ADVICE))
-        if not shared:
-            claims.append(Claim(drafter, "drafter", DRAFTER_ADVICE))
-        if not serves_many(policy):
-            claims.append(Claim(policy, "budget", BUDGET_ADVICE))
+        claims.append(Claim(call.verifier, "verifier", VERIFIER_ADVICE))
+        if not capabilities.drafter.serves_many:
+            claims.append(Claim(call.drafter, "drafter", DRAFTER_ADVICE))
+        if not capabilities.policy.serves_many:
+            claims.append(Claim(call.policy, "budget", BUDGET_ADVICE))
     except BaseException:
         for claim in claims:
             claim.release()
         raise
     lifetime = _Lifetime(claims)
-    decode = getattr(verifier, "decode", None)
-    return SpeculationStream(_decode(verifier, drafter, policy, call, lifetime), lifetime,
-                             decode if callable(decode) else None, call.prompt)
+    return SpeculationStream(_decode(call, lifetime), lifetime, capabilities.verifier.decode, call.prompt)
 
 
-def _decode(verifier, drafter, policy, call: Call, lifetime):
+def _decode(call: Call, lifetime):
     """The loop; the stream that drives it finishes the drafter request and releases the claims."""
     stats, timer, context = SpeculateStats(), StepTimer(call.clock), _Context(call.prompt, call.max_new_tokens)
-    rule, stops, limits = call.rule, call.stops, call.limits
-    drafting = StepDrafting(lifetime.start(drafter, call.prompt), policy, limits)
-    outcomes = ProposalOutcomes.of(policy)
+    rule, stops, limits, policy = call.rule, call.stops, call.limits, call.policy
+    request, request_caps = lifetime.start(call.drafter, call.capabilities.drafter, call.prompt)
+    drafting = StepDrafting(request, policy, limits, request_caps, call.capabilities.policy)
+    outcomes = ProposalOutcomes.of(call.capabilities.policy.observe_outcomes)
     rule.start(call.prompt)
-    advance = getattr(verifier, "advance", None)
-    advance = advance if callable(advance) else None
-    no_logits = np.empty((0, limits.vocab_size), np.float32)
-    tokens, logits = check_node_results(verifier.prefill(call.prompt, rule.prefill_logits), 1, rule.prefill_logits,
-                                        limits.vocab_size, "verifier.prefill")
+    step = StepVerifier.of(call.verifier, call.capabilities.verifier, limits.vocab_size)
+    tokens, logits = step.prefill(call.prompt, rule.prefill_logits)
     emitted = np.array([rule.first(tokens, logits)], np.int32)
     stats.time_prefill, stats.steps = timer.since_start(), 1
     while True:
@@ -104,22 +88,13 @@ def _decode(verifier, drafter, policy, call: Call, lifetime):
         timer.start()
         drafting.update(emitted)
         outcomes.settle(context.tokens, context.n)
-        tree, proposal = drafting.draft(context.view(), verifier.n_past, call.max_new_tokens - context.n_new)
+        tree, proposal = drafting.draft(context.view(), call.verifier.n_past, call.max_new_tokens - context.n_new)
         outcomes.add(proposal, tree.n_draft, context.n)
         timer.lap("drafting")
-        n_logits = rule.n_logits(tree)
-        if advance is not None and n_logits == 0 and len(tree) == 1:
-            # A root-only step that reads no logits: the verifier's fused verify + commit.
-            tokens = np.array([check_token("verifier.advance() returned", advance(int(tree.tokens[0])),
-                                           limits.vocab_size, BackendError)], np.int32)
-            timer.lap("verifying")
-            path, next_token = rule.accept(tree, tokens, no_logits)
-        else:
-            tokens, logits = check_node_results(verifier.verify(tree, n_logits), len(tree), n_logits,
-                                                limits.vocab_size, "verifier.verify")
-            timer.lap("verifying")
-            path, next_token = rule.accept(tree, tokens, logits)
-            verifier.commit(path)
+        tokens, logits = step.verify(tree, rule.n_logits(tree))   # the verifier's advance, where it fits
+        timer.lap("verifying")
+        path, next_token = rule.accept(tree, tokens, logits)
+        step.commit(path)
         timer.lap("accepting")
         drafting.observe(tree, tokens, path)
         timer.lap("drafting")
@@ -134,7 +109,8 @@ def _decode(verifier, drafter, policy, call: Call, lifetime):
         emitted[-1] = next_token
     stats.time_total = timer.since_start()
     tokens = context.tokens[context.n_prompt:context.n].copy()
-    text = verifier.decode(tokens) if call.was_text and callable(getattr(verifier, "decode", None)) else None
+    decode = call.capabilities.verifier.decode
+    text = decode(tokens) if call.was_text and decode is not None else None
     return SpeculateResult(tokens=tokens, stop_reason=stop_reason, stats=stats, text=text, seed=rule.seed)
 
 
@@ -232,10 +208,18 @@ class SpeculationStream:
     def text(self) -> Iterator[str]:
         """Iterate over the generated text instead of token arrays: pieces that never split a
         character (draftcore.text.IncrementalText over the verifier's `decode`). Consumes the stream;
-        `.result` is set at the end as usual."""
+        `.result` is set at the end as usual.
+
+        A verifier without `decode` is refused here, at the call, with a ConfigError, and the
+        refusal closes the stream: a stream nobody can read must not hold its verifier (and drafter)
+        until the garbage collector finds it."""
         if self._decode is None:
+            self.close()
             raise ConfigError("text: the verifier has no decode(); build it with a tokenizer, or iterate over "
-                              "token ids")
+                              "token ids (this stream is closed)")
+        return self._text()
+
+    def _text(self) -> Iterator[str]:
         pieces = IncrementalText(self._decode, self._prompt[-_TEXT_CONTEXT:])
         for tokens in self:
             piece = pieces.push(tokens)
@@ -266,28 +250,34 @@ class _Lifetime:
 
     def __init__(self, claims: list):
         self.claims = claims
-        self.request = None
+        self.request = self.finish = None
         self.request_is_drafter = False
 
-    def start(self, drafter, prompt):
-        """drafter.start(prompt): the request's own handle, or the drafter itself when it returns None."""
-        request = drafter.start(prompt)
+    def start(self, drafter, capabilities, prompt):
+        """(request, its RequestCapabilities) from `capabilities.start(prompt)` (the drafter's start):
+        the request's own handle, or the drafter itself when it returns None."""
+        request = capabilities.start(prompt)
         if request is None:
             request, self.request_is_drafter = drafter, True
         self.request = request
-        missing = [m for m in _REQUEST_METHODS if not callable(getattr(request, m, None))]
-        if missing:
+        self.finish = (request_caps := RequestCapabilities.of(request)).finish
+        if request_caps.missing:
+            if self.request_is_drafter:
+                raise ConfigError(f"drafter: {describe(drafter)}.start(prompt) returned None, but the drafter lacks "
+                                  f"{request_caps.missing}; expected start(prompt) to return a request with "
+                                  f"propose(context, budget), update(tokens) and finish(), or None from a drafter "
+                                  f"that has those methods itself")
             raise ConfigError(f"drafter: {describe(drafter)}.start(prompt) returned {describe(request)}, which lacks "
-                              f"{missing}; expected None or a request with propose(context, budget), "
+                              f"{request_caps.missing}; expected None or a request with propose(context, budget), "
                               f"update(tokens) and finish()")
-        return request
+        return request, request_caps
 
     def end(self) -> None:
         """The request ended (normally, by an error, or closed): finish it, then release the claims."""
         request, self.request = self.request, None
         try:
-            if request is not None and callable(getattr(request, "finish", None)):
-                request.finish()
+            if request is not None and self.finish is not None:
+                self.finish()
         finally:
             self._release()
 
@@ -296,8 +286,8 @@ class _Lifetime:
         finalizer has the drafter end it); a drafter serving the request itself is finished here."""
         request, self.request = self.request, None
         try:
-            if request is not None and self.request_is_drafter:
-                request.finish()
+            if request is not None and self.request_is_drafter and self.finish is not None:
+                self.finish()
         finally:
             self._release()
 

@@ -34,11 +34,10 @@ class ProposalOutcomes:
     """Proposals waiting for the tokens that settle their candidates, for one request."""
 
     @staticmethod
-    def of(policy) -> "ProposalOutcomes | NoOutcomes":
-        """What the loop keeps for `policy`: its proposals, where it learns from their outcomes
-        (`observe_outcomes`), else nothing at all."""
-        report = getattr(policy, "observe_outcomes", None)
-        return ProposalOutcomes(report) if callable(report) else NoOutcomes()
+    def of(report) -> "ProposalOutcomes | NoOutcomes":
+        """What the loop keeps for a policy whose `observe_outcomes` is `report` (None where it has
+        none: draftcore.capabilities): its proposals, else nothing at all."""
+        return ProposalOutcomes(report) if report is not None else NoOutcomes()
 
     MAX_PENDING = 64   # a step emits at least one token: a proposal waits at most its depth in steps
 

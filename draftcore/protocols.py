@@ -5,7 +5,8 @@ each draft to verify implements `BudgetPolicy`. All are structural (`typing.Prot
 class to inherit. What crosses them is numpy: token ids are contiguous 1-D int32 arrays, "no draft"
 is a root-only tree, never None.
 
-Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the loop):
+Optional members, all read in one place at the start of a call (`draftcore.capabilities`; a request's
+when it starts), which the loop, the session and the drafters then ask:
 
     Verifier.max_tree_nodes   int   most nodes one verify takes (llama.cpp: n_batch); default max_context
     Verifier.max_tree_leaves  int   most leaves one tree may have (llama.cpp: n_seq_max - 1); default none
@@ -18,6 +19,10 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
                                        protocol (llama.cpp). A wrapper that overrides verify or commit
                                        and forwards other attributes must override advance too.
     DraftRequest.observe(tree, node_tokens, path)  feedback from every verify (below)
+    DraftRequest.observe_checked(tree, node_tokens, path)  observe without its own check of the
+                                            arguments, which the loop's are by construction: called
+                                            instead of observe for a request that also
+                                            returns_valid_trees (draftcore's own drafters)
     DraftRequest.returns_valid_trees  bool  True: `speculate` skips its check of the trees
                                             (draftcore's own drafters build them valid)
     DraftRequest.lookahead_optional   bool  True: propose also takes `lookahead=False`, asking for
@@ -28,6 +33,8 @@ Optional members, each read in one place (`draftcore.checks.VerifierLimits`, the
                                             rather than re-calibrating them
     Drafter.concurrent_requests  bool   True: concurrent requests may share it (below); speculate
                                         claims any drafter or budget policy that does not say so
+                                        (it then serves one request at a time: it runs all the same)
+    BudgetPolicy.at_context(n_past)       told the cached context before each step (below)
     BudgetPolicy.keep_lookahead(tree, k)  -> bool   whether the window rides along (below)
     BudgetPolicy.wants_lookahead()        -> bool   whether to ask for a window this step (below)
     BudgetPolicy.observe_outcomes(tree, verified, outcome)  every proposed node's outcome (below)

@@ -21,8 +21,9 @@ import warnings
 import weakref
 
 from .budget import CostAwareBudget, as_budget_policy
-from .errors import ConfigError, describe
-from .loop import open_stream
+from .call import Call, Options, takes_options
+from .capabilities import VerifierCapabilities, check_drafter
+from .loop import SpeculationStream, open_stream
 from .validate import positive_int
 
 
@@ -43,16 +44,13 @@ class Session:
         self._verifier = verifier
         self._custom_drafter = drafter is not None
         self._budget_spec = budget
-        auto_budget = isinstance(budget, str) and budget == "auto"
-        budget = CostAwareBudget() if auto_budget else as_budget_policy(budget)
+        budget = _own_budget(budget)
         if isinstance(drafter, str):
-            drafter = make_drafter(drafter, getattr(verifier, "vocab_size", None))
-        elif drafter is not None and not (callable(getattr(drafter, "start", None)) or all(
-                callable(getattr(drafter, m, None)) for m in ("propose", "update", "finish"))):
-            raise ConfigError(f"drafter: expected None, a name or a Drafter (start(prompt) returning a request, or "
-                              f"propose/update/finish itself), got {describe(drafter)}")
+            drafter = make_drafter(drafter, VerifierCapabilities.of(verifier).vocab_size)
+        elif drafter is not None:
+            check_drafter(drafter)
         if drafter is None:   # the default drafter's token index is sized by it: refuse a bad one now
-            positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None))
+            positive_int("verifier.vocab_size", VerifierCapabilities.of(verifier).vocab_size)
         self._drafter = drafter   # None: the default, built on first use (a call naming its drafter builds none)
         self._named: dict = {}  # name -> drafter, for speculate(verifier, prompt, drafter="name")
         self.budget = budget
@@ -78,14 +76,15 @@ class Session:
             return session
 
     @staticmethod
-    def resolve_for(verifier, drafter, budget):
-        """(drafter, budget policy) for a bare call `draftcore.speculate(verifier, ..., drafter=,
-        budget=)`: what the call names itself, and for None, a name or "auto" the verifier's own
-        session's (`Session.of(verifier).resolve`)."""
-        if drafter is None or isinstance(drafter, str) or budget is None or (isinstance(budget, str)
-                                                                            and budget == "auto"):
-            return Session.of(verifier).resolve(drafter, budget)
-        return drafter, as_budget_policy(budget)
+    def open_bare(verifier, prompt, options: dict) -> SpeculationStream:
+        """A bare call `draftcore.speculate_stream(verifier, prompt, **options)`: the drafter and the
+        budget the call names itself, and for None, a name or "auto" the verifier's own session's
+        (`Session.of(verifier)`, created only when needed)."""
+        def resolve(drafter, budget):
+            if drafter is None or isinstance(drafter, str) or _is_auto(budget):
+                return Session.of(verifier).resolve(drafter, budget)
+            return drafter, as_budget_policy(budget)
+        return open_stream(Call.of(verifier, prompt, Options.of(options), resolve))
 
     @property
     def drafter(self):
@@ -115,9 +114,10 @@ class Session:
         with self._sessions_lock:
             drafter = self._named.get(name)
             if drafter is None:
-                drafter = self._named[name] = make_drafter(name, getattr(self.verifier, "vocab_size", None))
+                drafter = self._named[name] = make_drafter(name, VerifierCapabilities.of(self.verifier).vocab_size)
             return drafter
 
+    @takes_options
     def speculate(self, prompt, **options):
         """`draftcore.speculate(self.verifier, prompt, drafter=self.drafter, budget=self.budget, ...)`:
         a drafter or budget the call names overrides the session's; None, a name or "auto" is the
@@ -127,19 +127,16 @@ class Session:
                 pass
         return stream.result
 
-    def stream(self, prompt, drafter=None, budget=None, **options):
+    @takes_options
+    def stream(self, prompt, **options) -> SpeculationStream:
         """`draftcore.speculate_stream` with this session's drafter and budget."""
-        return open_stream(self.verifier, prompt, drafter=drafter, budget=budget, resolve=self.resolve,
-                           **{"max_new_tokens": 128, "eos_token_id": None, "stop_sequences": (), "sampling": None,
-                              "clock": None, **options})
+        return open_stream(Call.of(self.verifier, prompt, Options.of(options), self.resolve))
 
     def resolve(self, drafter, budget):
         """(drafter, budget policy) for a call: None means this session's drafter, a name its drafter
         of that name (DRAFTER_NAMES), None or "auto" its budget; anything else is the call's own.
         The budget is checked first, so a refused call leaves no new named drafter behind."""
-        if budget is None or (isinstance(budget, str) and budget == "auto"):
-            budget = self.budget
-        budget = as_budget_policy(budget)
+        budget = as_budget_policy(self.budget if _is_auto(budget) else budget)
         if drafter is None:
             drafter = self.drafter
         elif isinstance(drafter, str):
@@ -151,7 +148,7 @@ class Session:
         if not self._custom_drafter:
             self._drafter = None   # a fresh default, built on next use
         self._named.clear()
-        self.budget = CostAwareBudget() if self._budget_spec == "auto" else as_budget_policy(self._budget_spec)
+        self.budget = _own_budget(self._budget_spec)
 
     def __repr__(self) -> str:
         return f"Session({type(self.verifier).__name__}, drafter={self.drafter!r}, budget={self.budget!r})"
@@ -162,7 +159,17 @@ DEFAULT_DRAFTER = "trie"  # what measured best end to end (README.md, "Drafters"
 
 def default_drafter(verifier):
     """The drafter a session starts with: DEFAULT_DRAFTER, its token index covering the vocabulary."""
-    return make_drafter(DEFAULT_DRAFTER, positive_int("verifier.vocab_size", getattr(verifier, "vocab_size", None)))
+    return make_drafter(DEFAULT_DRAFTER, positive_int("verifier.vocab_size", VerifierCapabilities.of(verifier).vocab_size))
+
+
+def _is_auto(budget) -> bool:
+    """None or "auto": the session's own budget (the one place the string is parsed)."""
+    return budget is None or (isinstance(budget, str) and budget == "auto")
+
+
+def _own_budget(spec):
+    """A session's budget policy from its `budget=`: "auto" is a fresh CostAwareBudget."""
+    return CostAwareBudget() if _is_auto(spec) else as_budget_policy(spec)
 
 
 def make_drafter(name, vocab_size):

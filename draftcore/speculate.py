@@ -9,17 +9,14 @@ is `draftcore.loop`.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-from .loop import SpeculationStream, open_stream
+from .call import takes_options
+from .loop import SpeculationStream
 from .result import SpeculateResult
-from .sampling import SamplingParams
 from .session import Session
 
 
-def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None, eos_token_id=None,
-              stop_sequences: Sequence[Sequence[int]] | None = (), sampling: SamplingParams | dict | None = None,
-              clock=None) -> SpeculateResult:
+@takes_options
+def speculate(verifier, prompt, **options) -> SpeculateResult:
     """Generate up to `max_new_tokens` tokens after `prompt`, exactly as plain decoding with
     `verifier` would: token for token when greedy, with the same distribution over sequences when
     sampling.
@@ -40,24 +37,21 @@ def speculate(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budg
         presence_penalty, frequency_penalty, do_sample, seed. `result.seed` replays the run.
     clock: () -> seconds, what step times are measured with (default time.perf_counter); a
         synthetic clock makes the auto budget's choices reproducible (tests, trace replay).
+
+    The arguments and their defaults are defined once, in `draftcore.call.Options`; a name that is
+    not one of them is refused with an InputError naming it.
     """
-    with speculate_stream(verifier, prompt, max_new_tokens=max_new_tokens, drafter=drafter, budget=budget,
-                          eos_token_id=eos_token_id, stop_sequences=stop_sequences, sampling=sampling,
-                          clock=clock) as stream:
+    with speculate_stream(verifier, prompt, **options) as stream:
         for _ in stream:
             pass
     return stream.result
 
 
-def speculate_stream(verifier, prompt, *, max_new_tokens: int = 128, drafter=None, budget=None,
-                     eos_token_id=None, stop_sequences: Sequence[Sequence[int]] | None = (),
-                     sampling: SamplingParams | dict | None = None, clock=None) -> SpeculationStream:
+@takes_options
+def speculate_stream(verifier, prompt, **options) -> SpeculationStream:
     """Streaming twin of `speculate`: iterate to receive tokens as they are accepted.
 
     Every argument is validated here, before any verifier or drafter state changes; then the
     verifier is claimed for this request (see `SpeculationStream` for the lifetime).
     """
-    return open_stream(verifier, prompt, drafter=drafter, budget=budget,
-                       resolve=lambda drafter, budget: Session.resolve_for(verifier, drafter, budget),
-                       max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, stop_sequences=stop_sequences,
-                       sampling=sampling, clock=clock)
+    return Session.open_bare(verifier, prompt, options)

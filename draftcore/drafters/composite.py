@@ -47,6 +47,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from ..capabilities import DrafterCapabilities, RequestCapabilities, serves_many
 from ..checks import check_observation
 from ..errors import ConfigError
 from ..jit import kernels
@@ -79,7 +80,7 @@ class CompositeDrafter:
         if not self.sources:
             raise ConfigError("trie, ngram, jacobi: expected at least one drafter, got None for all three")
         for s in self.sources:
-            if not callable(getattr(s, "start", None)):
+            if DrafterCapabilities.of(s).start is None:
                 raise ConfigError(f"drafter: expected a Drafter with start(prompt), got {type(s).__name__}")
         self.memory = positive_float("memory", memory, minimum=1.0, inclusive=True)
         if learn_from not in _LEARN_FROM:
@@ -97,7 +98,7 @@ class CompositeDrafter:
 
     @property
     def concurrent_requests(self) -> bool:
-        return all(getattr(s, "concurrent_requests", False) is True for s in self.sources)
+        return all(serves_many(s) for s in self.sources)
 
     def __repr__(self) -> str:
         parts = ", ".join(repr(s) for s in self.sources)
@@ -128,12 +129,12 @@ class CompositeRequest:
         self._requests = requests
         self._jacobi = next((r for s, r in zip(drafter.sources, requests) if s is drafter.jacobi), None)
         # the package's own sources take the arguments as this request checked them; others check their own
-        self._observers = [getattr(r, "observe_checked", None) or r.observe for r in requests
-                           if callable(getattr(r, "observe", None))]
+        caps = [RequestCapabilities.of(r) for r in requests]
+        self._observers = [c.observe_checked or c.observe for c in caps if c.observe is not None]
         # sources asked for no window when proposing (the composite drops theirs anyway)
-        self._windowless = [getattr(r, "lookahead_optional", False) is True for r in requests]
+        self._windowless = [c.lookahead_optional for c in caps]
         # sources whose scores estimate acceptance (the trie): taken at their word, not re-calibrated
-        self._at_word = np.array([getattr(r, "scores_estimate_acceptance", False) is True for r in requests])
+        self._at_word = np.array([c.scores_estimate_acceptance for c in caps])
         self._prior_offered, self._prior_accepted = rates.prior_offered, rates.prior_accepted
         self.offered, self.accepted = rates.offered, rates.accepted   # the drafter's, shared
         self._lock = rates.lock
