@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from .constants import AFTERMATH_FLOOR
+
 
 class Aftermath:
     """The last drafted step, held until the next step shows what it left behind."""
@@ -45,7 +47,7 @@ class Aftermath:
                 extra = seconds - root if not math.isnan(root) else 0.0
                 p_table, p_candidates, p_lookahead, p_seconds = pending
                 # signed: a noisy root-only step must not bias every tree's cost upwards
-                learnt.append((p_table, p_candidates, p_lookahead, max(p_seconds + extra, 0.5 * p_seconds)))
+                learnt.append((p_table, p_candidates, p_lookahead, max(p_seconds + extra, AFTERMATH_FLOOR * p_seconds)))
         if not teaches:
             return learnt
         if drafted:

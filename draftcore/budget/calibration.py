@@ -19,9 +19,8 @@ import numpy as np
 
 from ..jit import kernels
 from ..tree import DraftTree
+from .constants import BINS, CALIBRATION_PRIOR, RANKS
 
-BINS = 20   # score bins
-RANKS = 6   # rank buckets: 1, 2-3, 4-7, 8-15, 16-31, 32+
 _NO_SCORES = np.empty(0, np.float32)   # what the cells kernel takes for a tree without scores
 _KERNEL_SCORES = (np.dtype(np.float32), np.dtype(np.float64))   # score dtypes it bins as numpy does
 
@@ -40,8 +39,8 @@ class Calibration:
     def __init__(self, max_nodes: int, memory: float | None):
         self.memory = memory
         centres = (np.arange(BINS) + 0.5) / BINS
-        self.offered = np.full((BINS, RANKS), 2.0)
-        self.accepted = np.repeat(2.0 * centres[:, None], RANKS, axis=1)
+        self.offered = np.full((BINS, RANKS), CALIBRATION_PRIOR)
+        self.accepted = np.repeat(CALIBRATION_PRIOR * centres[:, None], RANKS, axis=1)
         self.prior_offered, self.prior_accepted = self.offered.copy(), self.accepted.copy()
         self.probability = (self.accepted / self.offered).ravel()   # flat, refreshed as the counts change
         self._rank_bucket = rank_buckets(max_nodes + 2, RANKS)

@@ -16,9 +16,8 @@ re-learns from scratch what the others already know.
 """
 from __future__ import annotations
 
+from .constants import SMALLEST_BUCKET
 from .costs import CostTable
-
-SMALLEST_BUCKET = 8     # bit length: contexts under 256 tokens share one table (costs barely differ there)
 
 
 def bucket_of(n_past: int) -> int:

@@ -31,6 +31,7 @@ from ..tree import DraftTree
 from ..validate import cost_or_inf, positive_float, positive_int, tree_size
 from .aftermath import Aftermath
 from .calibration import Calibration
+from .constants import BIAS_FLOOR, BIAS_PRIOR, CORRECTION_MEMORY, GAMBLE_FLOOR, GAMBLE_PRIOR
 from .corrections import Correction
 from .contexts import ContextCosts
 from .explore import HOPELESS, Explorer
@@ -97,8 +98,8 @@ class CostAwareBudget:
         self._calibration = Calibration(self.max_nodes, self.memory)
         # The bias: on the prefix it verified or, where the corrections made it verify less, would
         # have verified; the gamble: on the trees it verified (docs/budget.md, "Corrections").
-        self._bias = Correction(memory=32, prior=4.0, floor=0.25)
-        self._gamble = Correction(memory=32, prior=12.0, floor=0.6)
+        self._bias = Correction(CORRECTION_MEMORY, BIAS_PRIOR, BIAS_FLOOR)
+        self._gamble = Correction(CORRECTION_MEMORY, GAMBLE_PRIOR, GAMBLE_FLOOR)
         self._sees_outcomes = False   # the loop reports outcomes (speculate does; a draft model does not)
         self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)

@@ -20,9 +20,7 @@ import math
 import numpy as np
 
 from ..jit import kernels
-
-OUTLIER = 2.0   # a step's seconds count as at most this times its size's estimate
-FIRST_REACH = 2  # nodes a tree may have before any bigger than the root was measured
+from .constants import FIRST_REACH, OUTLIER
 
 
 def menu(largest: int) -> np.ndarray:

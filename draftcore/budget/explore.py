@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-HOPELESS = 0.5   # a size worth less than this share of another one is not worth a step to check
+from .constants import HOPELESS, MAX_BACKOFF
 
 
 class Explorer:
     """Which menu entry to verify: the best, or every so often one up or one down from it
-    (alternately), after `every` steps, then at intervals that grow by `backoff` (up to 16x) while
+    (alternately), after `every` steps, then at intervals that grow by `backoff` (up to MAX_BACKOFF x) while
     the best stays the same, and back to `every` when it changes."""
 
     def __init__(self, every: int, backoff: int):
@@ -37,7 +37,7 @@ class Explorer:
         near = best + (1 if self.n_explored % 2 == 0 else -1)
         self.n_explored += 1
         self.next_step = step + self.period
-        self.period = min(self.period * self.backoff, 16 * self.every)
+        self.period = min(self.period * self.backoff, MAX_BACKOFF * self.every)
         if 0 <= near < value.shape[0] and value[near] >= HOPELESS * value[best]:
             return near
         return best

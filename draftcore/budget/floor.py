@@ -32,16 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernels
-from .costs import OUTLIER
-
-# Root-only steps of slack a request starts with: a request may lose one step to learning before it
-# has earned any. Without it a fresh budget on HF CPU's cost shape waited for the slack before its
-# first big trees: replayed first requests, HumanEval, 1.31x against 1.38x (docs/budget.md).
-FIRST_SLACK = 1.0
-# Most slack a request carries over from the requests before it, where drafting paid there: the
-# next request's first trees need not wait for their own. Carried whole, a request after many that
-# paid could lose many steps; at 4, replayed workloads carried over a deployment kept their speed.
-CARRIED_SLACK = 4.0
+from .constants import CARRIED_SLACK, FIRST_SLACK, OUTLIER
 
 
 class FloorGuard:

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import math
 
-from .costs import OUTLIER, smoothed
-
-ROOT_SMOOTHING = 0.02   # weight of a root-only step in its average: the difference sought is a few
-                        # percent of a step, so it averages many
+from .constants import OUTLIER, ROOT_SMOOTHING
+from .costs import smoothed
 
 
 class IdleSkipping:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..validate import positive_int
+from .constants import PROBE_EVERY
 from .costs import CostTable
 
 
@@ -46,7 +47,7 @@ class LookaheadProbe:
         probe.decided(kept, step)    # the policy's keep_lookahead verdict on one; returns `kept`
     """
 
-    def __init__(self, every: int = 16, trial_every: int = 64, backoff: int = 2):
+    def __init__(self, every: int = PROBE_EVERY, trial_every: int = 64, backoff: int = 2):
         self.every = positive_int("every", every)
         self.trial_every = positive_int("trial_every", trial_every)
         self.backoff = positive_int("backoff", backoff)

@@ -19,18 +19,14 @@ import numpy as np
 
 from ..validate import positive_float, positive_int
 
+from .constants import ARM_MEMORY, MAX_BACKOFF, PAUSE_MARGIN, PAUSE_TRIAL, SETTLED_TRIALS
+
 DRAFT, PAUSE = 0, 1     # arms
-ARM_MEMORY = 256        # an arm's steps after which its evidence has faded to 1/e
-PAUSE_TRIAL = 4         # steps a trial of pausing lasts: a paused step always costs the same and emits one token
-PAUSE_MARGIN = 0.05     # pausing must beat drafting by this much, in two trials running: a burst of
-                        # accepted drafts missed while paused costs more than a few percent of
-                        # drafting overhead, and step times are noisy
-SETTLED_TRIALS = 2      # drafting steps, in `every`s, before a trial pausing won is confirmed soon
 
 
 class PauseTrials:
     """The arm each step runs. The winner runs; the other arm is tried every `every` steps, that
-    interval growing by `backoff` (up to 16x) while the winner stays the same. A trial of drafting
+    interval growing by `backoff` (up to MAX_BACKOFF x) while the winner stays the same. A trial of drafting
     lasts `steps` steps (0: never pause), since what drafting gains comes in bursts (a repeated span,
     then nothing). The first trial comes after `every` drafting steps, and the first half of those,
     spent learning sizes and acceptance, does not count as drafting's worth.
@@ -120,5 +116,5 @@ class PauseTrials:
             # it soon paused a drafter that pays.
             self.period = self.every
         else:
-            self.period = min(self.period * self.backoff, 16 * self.every)
+            self.period = min(self.period * self.backoff, MAX_BACKOFF * self.every)
         self.next_trial = step + self.period
