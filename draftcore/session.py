@@ -33,8 +33,8 @@ class Session:
     verifier: any Verifier.
     drafter: a Drafter or a name from `draftcore.DRAFTER_NAMES`; default a `TrieDrafter` whose
         token index covers the verifier's vocabulary.
-    budget: "auto" (default: a `CostAwareBudget`), an int (a fixed number of drafted candidates per
-        step) or a budget policy object.
+    budget: "auto" or None (default: a `CostAwareBudget`, as `speculate` reads them), an int (a fixed
+        number of drafted candidates per step) or a budget policy object.
     """
 
     _sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> its Session.of

@@ -103,3 +103,9 @@ def test_every_optional_member_is_listed_in_protocols():
     from draftcore import capabilities, protocols
     for name in capabilities.OPTIONAL_MEMBERS:
         assert name in protocols.__doc__, name
+
+
+def test_a_session_reads_none_as_auto_as_speculate_does():
+    """"auto" and None are parsed in one place: the session's budget= reads them as speculate's does."""
+    session = draftcore.Session(ToyVerifier(ToyModel(vocab_size=32, seed=4)), budget=None)
+    assert isinstance(session.budget, draftcore.CostAwareBudget)
