@@ -16,6 +16,8 @@ budget runs:
     aftermath.py    Aftermath      a drafted step's cost includes what it leaves for the next step
     floor.py        FloorGuard     a request verifies only the trees whose worst case its slack affords
     lookahead.py    Windows        whether a lookahead window rides along: its probe, experiments, charge
+    constants.py                   the fixed numbers, each with the measurement it comes from
+    kernels.py                     the numba kernels (the floor's one cut: kernels.affords)
 
 docs/budget.md gives the measurements behind each rule.
 """
