@@ -9,7 +9,7 @@ alone on a fresh verifier (a new deployment's first request: the floor). Writes
 bench_out/budget_ablation.json and prints the markdown table (ratio of each ablation's speedup to
 today's) that docs/budget.md carries.
 
-    .venv/bin/python benchmarks/budget_ablation.py [--only NAME,...] [--markdown PATH]
+    .venv/bin/python benchmarks/budget_ablation.py [--only NAME,...] [--settings] [--markdown PATH]
 """
 import argparse
 import contextlib
@@ -27,10 +27,8 @@ from draftcore.tools.report import make_report, show_table, table_text
 from draftcore.tools.traces import read_traces
 import draftcore.budget as budget_pkg
 
-WORKLOADS = [TRACES, f"{HERE}/data/smollm2_workload_traces.jsonl.gz"]
+WORKLOADS = [TRACES, f"{HERE}/data/smollm2_workload_traces.jsonl.gz", f"{HERE}/data/smollm2_pydoc_traces.jsonl.gz"]
 # The H200's ONNX Runtime (CUDA EP) step costs, ms by nodes: docs/results/gpu-check_onnx_h200_2026-11-27.json.
-# ONNX CPU has no step costs by tree size recorded in docs/results (its floor runs record tokens per
-# second only): it is missing here.
 EXTRA_TABLES = {"onnx-cuda-h200": {1: 16.558, 2: 17.649, 4: 18.07, 8: 17.56, 16: 17.838, 32: 17.723, 64: 19.696}}
 
 
@@ -158,6 +156,48 @@ def ablations():
     return out
 
 
+def setting_variants():
+    """name -> (what, settings, context): each constant or option set to a neighbouring value, or to
+    another setting's value so that the two could become one (docs/budget.md, "Settings: what
+    merging them would cost")."""
+    def constant(module, **values):
+        return _patches(*((_part(module), name, value) for name, value in values.items()))
+    cost_aware = "cost_aware"
+    out = {"today": ("the budget as it is", {}, _no_context)}
+    for name, what, settings, context in [
+        ("pause trials at most ARM_MEMORY steps apart", "MAX_BACKOFF 4 for pausing", {},
+         constant("pausing", MAX_BACKOFF=4)),
+        ("no MAX_BACKOFF cap", "intervals back off without a cap", {},
+         _patches((_part("pausing"), "MAX_BACKOFF", 10**9), (_part("explore"), "MAX_BACKOFF", 10**9))),
+        ("SETTLED_TRIALS 0", "a pause win is always confirmed soon", {}, constant("pausing", SETTLED_TRIALS=0)),
+        ("SETTLED_TRIALS never", "a pause win is never confirmed soon", {}, constant("pausing", SETTLED_TRIALS=10**9)),
+        ("PAUSE_MARGIN 0.02", "= idle_cost", {}, constant("pausing", PAUSE_MARGIN=0.02)),
+        ("PAUSE_MARGIN 0.1", "", {}, constant("pausing", PAUSE_MARGIN=0.1)),
+        ("trial_every 16", "= explore_every", {"trial_every": 16}, _no_context),
+        ("trial_every 32", "", {"trial_every": 32}, _no_context),
+        ("CORRECTION_MEMORY 64", "", {}, constant(cost_aware, CORRECTION_MEMORY=64)),
+        ("CORRECTION_MEMORY 16", "", {}, constant(cost_aware, CORRECTION_MEMORY=16)),
+        ("one correction prior: 4", "GAMBLE_PRIOR = BIAS_PRIOR", {}, constant(cost_aware, GAMBLE_PRIOR=4.0)),
+        ("one correction prior: 8", "", {}, constant(cost_aware, BIAS_PRIOR=8.0, GAMBLE_PRIOR=8.0)),
+        ("one correction prior: 12", "BIAS_PRIOR = GAMBLE_PRIOR", {}, constant(cost_aware, BIAS_PRIOR=12.0)),
+        ("one correction floor: 0.25", "GAMBLE_FLOOR = BIAS_FLOOR", {}, constant(cost_aware, GAMBLE_FLOOR=0.25)),
+        ("one correction floor: 0.5", "= HOPELESS", {}, constant(cost_aware, BIAS_FLOOR=0.5, GAMBLE_FLOOR=0.5)),
+        ("one correction floor: 0.6", "BIAS_FLOOR = GAMBLE_FLOOR", {}, constant(cost_aware, BIAS_FLOOR=0.6)),
+        ("AFTERMATH_FLOOR 0", "", {}, constant("aftermath", AFTERMATH_FLOOR=0.0)),
+        ("PAUSE_TRIAL 2", "", {}, constant("pausing", PAUSE_TRIAL=2)),
+        ("PAUSE_TRIAL 8", "", {}, constant("pausing", PAUSE_TRIAL=8)),
+        ("CALIBRATION_PRIOR 1", "", {}, constant("calibration", CALIBRATION_PRIOR=1.0)),
+        ("CALIBRATION_PRIOR 4", "", {}, constant("calibration", CALIBRATION_PRIOR=4.0)),
+        ("CARRIED_SLACK 2", "", {}, constant("floor", CARRIED_SLACK=2.0)),
+        ("CARRIED_SLACK 8", "", {}, constant("floor", CARRIED_SLACK=8.0)),
+        ("idle_skip 4", "", {"idle_skip": 4}, _no_context),
+        ("optimism 0.1", "= window_cost", {"optimism": 0.1}, _no_context),
+        ("HOPELESS 1/3", "", {}, _patches((_part(cost_aware), "HOPELESS", 1 / 3), (_part("explore"), "HOPELESS", 1 / 3))),
+    ]:
+        out[name] = (what or name, settings, context)
+    return out
+
+
 def run_one(traces_by_dataset, cost, settings, context, fresh, carried=None):
     """{dataset: speedup} (or, fresh: {dataset: [per-request speedups]}). carried ("forward" or
     "reversed"): every trace through one budget, the datasets in file order or the reverse, as one
@@ -218,6 +258,8 @@ def compact(records, names, tables, datasets, fresh):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="ablation names separated by ',' (today always runs)")
+    parser.add_argument("--settings", action="store_true",
+                        help="replay the settings' variants (setting_variants) instead of the rules' ablations")
     parser.add_argument("--out", default="budget_ablation.json")
     parser.add_argument("--markdown", default="", help="also write the tables as markdown to this path")
     args = parser.parse_args()
@@ -226,7 +268,7 @@ def main():
     for trace in traces:
         by_dataset.setdefault(trace.dataset, []).append(trace)
     tables = {name: CostModel(table, name) for name, table in {**COST_TABLES, **EXTRA_TABLES}.items()}
-    chosen = ablations()
+    chosen = setting_variants() if args.settings else ablations()
     if args.only:
         keep = {"today", *args.only.split(",")}
         chosen = {k: v for k, v in chosen.items() if k in keep}

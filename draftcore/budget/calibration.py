@@ -1,12 +1,6 @@
-"""How often the drafter's candidates are really accepted, by score and by rank.
-
-A drafter scores each candidate with its own estimate that the candidate's path is accepted. That
-estimate is calibrated against what was accepted, per (score bin, rank bucket) cell, because a
-candidate's rank in the best-first order says as much as its score: a trie's first node is accepted
-far more often than a later node of the same score. Every proposed candidate counts, verified or
-not (`learn_outcomes`: the emitted tokens show a few steps later which unverified candidates would
-have been accepted), so the calibration does not rest on the few candidates a CPU budget verifies,
-chosen where it was most optimistic. Lookahead nodes are never accepted: they are never calibrated.
+"""How often the drafter's candidates are really accepted, per (score bin, rank bucket) cell
+(docs/budget.md, "Acceptance"): rank says as much as score. Every proposed candidate counts,
+verified or not (`learn_outcomes`), so the calibration does not rest on the few a CPU verifies.
 
     calibration = Calibration(max_nodes=64, memory=6000.0)
     calibration.expected_accepted(tree, m)        # expected accepted tokens of each prefix of m nodes
@@ -31,10 +25,8 @@ def rank_buckets(n: int, n_buckets: int) -> np.ndarray:
 
 
 class Calibration:
-    """Offered and accepted counts per (score bin, rank bucket), starting from a weak prior that the
-    score is right (2 candidates a cell, accepted at the bin's centre). With a `memory` (steps), the
-    counts fade towards that prior, so that one budget serving whatever workload comes follows it:
-    after code completion, a chat workload's lower acceptance takes effect within a few requests."""
+    """Offered and accepted counts per cell from a weak prior that the score is right; with a
+    `memory` (steps) they fade towards it, so that one budget follows a changing workload."""
 
     def __init__(self, max_nodes: int, memory: float | None):
         self.memory = memory
@@ -47,8 +39,7 @@ class Calibration:
         self._kernels = kernels("draftcore.budget.kernels")
 
     def cells(self, tree: DraftTree, m: int) -> np.ndarray:
-        """Flat calibration cell of the first m nodes: score bin (`DraftTree.score_bins`) * RANKS +
-        rank bucket, in one kernel call (read several times a drafting step)."""
+        """Flat cell of the first m nodes: score bin * RANKS + rank bucket."""
         if m > self._rank_bucket.shape[0]:
             self._rank_bucket = rank_buckets(m, RANKS)
         scores = tree.scores if tree.scores is not None else _NO_SCORES
@@ -63,14 +54,11 @@ class Calibration:
         return p
 
     def expected_accepted(self, tree: DraftTree, m: int) -> np.ndarray:
-        """float64[m]: [k] the expected accepted candidates of the tree's first k candidates, the
-        calibrated probabilities made consistent with the tree (kernels.expected_accepted:
-        two siblings calibrated at 0.8 each do not make 1.6 tokens)."""
+        """float64[m]: [k] the expected accepted candidates of the first k (kernels.expected_accepted)."""
         return self._kernels.expected_accepted(self.probabilities(tree, m), tree.parents, m)
 
     def learn_verified(self, tree: DraftTree, path: np.ndarray) -> None:
-        """A drafting step verified `tree`'s candidates and accepted `path`: fade the counts one step,
-        then count each candidate once offered and, on the path, once accepted."""
+        """A drafting step verified `tree` and accepted `path`: fade the counts, count each candidate."""
         if self.memory is not None:  # forget old evidence, keep the prior (probability refreshed too)
             self._kernels.fade_counts(self.offered, self.accepted, self.prior_offered, self.prior_accepted,
                                       1.0 - 1.0 / self.memory, self.probability)
@@ -85,11 +73,9 @@ class Calibration:
 
     def learn_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray, sizes: np.ndarray,
                        seconds: np.ndarray) -> tuple[float, float]:
-        """Count the known outcomes (`outcome` per node: 1, 0, or -1 unknown) of the candidates after
-        the first `verified`, then return (expected, accepted) tokens of the prefix a budget with
-        menu `sizes` (empty: none) costing `seconds` would pick on the calibration alone, where that
-        prefix is longer than what was verified and every outcome in it is known; else (-1, 0).
-        (kernels.learn_outcomes, in one call.)"""
+        """Count the known outcomes of the candidates after the first `verified`; return (expected,
+        accepted) tokens of the prefix the calibration alone would pick (menu `sizes` at `seconds`),
+        where longer than what was verified and fully known, else (-1, 0) (kernels.learn_outcomes)."""
         n = tree.n_candidates
         return self._kernels.learn_outcomes(
             self.offered.reshape(-1), self.accepted.reshape(-1), self.probability, self.cells(tree, n), outcome,

@@ -6,8 +6,6 @@ options; these are not options.
 OUTLIER = 2.0           # a step counts as at most this times its size's estimate (a tree's first, its guess):
                         # one 40 ms llama.cpp stall raised a root-only step from 5.5 to 12.4 ms; a stalled
                         # first tree locked drafting out in 2 runs of 7 on a loaded machine, 0 of 4 with it
-FIRST_REACH = 2         # nodes of the first drafted tree ("Trees grow by doubling"): 4 nodes tried first
-                        # cost a new llama.cpp CPU deployment's short requests 5 %
 # contexts.py -- "Costs by context length"
 SMALLEST_BUCKET = 8     # bit length: contexts under 256 tokens share one cost table (costs barely differ there)
 # calibration.py -- "Calibration"
@@ -21,8 +19,6 @@ GAMBLE_PRIOR, GAMBLE_FLOOR = 12.0, 0.6
 # explore.py, pausing.py, lookahead.py -- "Exploring", "Pausing", "Lookahead windows"
 HOPELESS = 0.5          # a size worth less than this share of another is not worth a step to check
 MAX_BACKOFF = 16        # explorations and pause trials grow at most this many times apart
-PROBE_EVERY = 16        # once a window is dropped, one is asked for only every this many steps (~20 us a
-                        # step to build a Jacobi window only to drop it, on a CPU)
 ARM_MEMORY = 256        # an arm's steps after which its evidence has faded to 1/e
 PAUSE_TRIAL = 4         # steps a trial of pausing lasts: a paused step always costs the same and emits one token
 PAUSE_MARGIN = 0.05     # pausing must beat drafting by this much, in two trials running: a burst missed while

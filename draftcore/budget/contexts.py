@@ -1,12 +1,6 @@
-"""Step costs by context length: one cost table per bucket of cached tokens.
-
-A verify's cost grows with the context it attends to, and more for a big tree than for the root
-alone (every node attends to the whole context). A table learnt at 100 tokens prices trees too
-cheaply at 3,000, and one learnt at 3,000 too dearly back at 100. So the budget keeps one
-`CostTable` per bucket of context length (powers of two; everything under 256 tokens in one), and
-a bucket entered for the first time starts from the nearest bucket that has measured more than its
-root, scaled by the ratio of the two root-only costs once its own root is measured: no bucket
-re-learns from scratch what the others already know.
+"""Step costs by context length (docs/budget.md, "Costs by context length"): one cost table per
+power-of-two bucket of cached tokens, a new bucket leaning on the nearest one that measured more
+than its root.
 
     contexts = ContextCosts(largest=65, smoothing=0.2, optimism=0.05)
     contexts.at(n_past)              # before a step: the bucket of its context
@@ -51,10 +45,7 @@ class ContextCosts:
             self.current.forget_estimates()
 
     def unit(self) -> float:
-        """Seconds of a root-only step at the current context, as the current table estimates it
-        (measured, else from its prior). Only drafting steps teach it (draftcore.budget.pausing:
-        paused steps teach no cost): learnt from both arms, it would move with the arm that runs,
-        by the few percent the arms are compared on."""
+        """Seconds of a root-only step at the current context (taught by drafting steps only)."""
         return self.current.root_estimate(0)
 
     def by_bucket(self) -> dict[str, list[float]]:
@@ -68,8 +59,7 @@ class ContextCosts:
         return table
 
     def _nearest_measured(self, bucket: int) -> CostTable | None:
-        """The table of the bucket nearest `bucket` (ties: the shorter context) that measured more
-        than its root-only step without a window; None if no other bucket did."""
+        """The nearest other bucket's table (ties: the shorter) that measured more than its root."""
         best = None
         for other, table in self.tables.items():
             if other != bucket and table.n_measured(0) >= 2:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 
 class Correction:
-    """Faded sums of expected and accepted tokens, read as (accepted + prior) / (expected + prior),
-    never below `floor` (so a tree worth 1 / floor of its estimate is still verified, and its outcome
-    teaches the correction again) and never above 1. `prior`: expected tokens of evidence that the
-    expectation is right; `memory`: observations after which the evidence has faded to 1/e."""
+    """(accepted + prior) / (expected + prior) over faded sums, in [floor, 1]: the floor keeps a tree
+    worth 1 / floor of its estimate verified, so its outcome teaches the correction again."""
 
     def __init__(self, memory: float, prior: float, floor: float):
         self.keep = 1.0 - 1.0 / memory

@@ -3,8 +3,8 @@
     value(k) = (1 + bias * gamble * expected accepted tokens of the best k candidates)
                / cost(k candidates + the root + the tree's lookahead nodes)
 
-over the menu sizes, "no draft" (k = 0) included. Each factor is learnt by its own part while the
-budget runs:
+over the menu sizes, "no draft" (k = 0) included, each factor learnt by its own part while it runs
+(docs/budget.md: the measurement behind each rule):
 
     costs.py        CostTable      seconds per menu size and window size; guesses for sizes never measured
     contexts.py     ContextCosts   one CostTable per bucket of context length, each leaning on the nearest
@@ -18,8 +18,6 @@ budget runs:
     lookahead.py    Windows        whether a lookahead window rides along: its probe, experiments, charge
     constants.py                   the fixed numbers, each with the measurement it comes from
     kernels.py                     the numba kernels (the floor's one cut: kernels.affords)
-
-docs/budget.md gives the measurements behind each rule.
 """
 from __future__ import annotations
 
@@ -44,18 +42,16 @@ from .pausing import PauseTrials
 
 
 class CostAwareBudget:
-    """Pick the draft size k that maximises (1 + expected accepted tokens) / cost(tree of k drafted
-    candidates plus the tree's lookahead nodes), "no draft" included; a `BudgetPolicy`
-    (draftcore.protocols). Both factors are learnt while it runs, each concern by its own part (the
-    module docstring lists them; docs/budget.md explains each rule), so keep one object per
-    deployment: what it learns carries over.
+    """The draft size with the best expected tokens per second, "no draft" included; a
+    `BudgetPolicy` (draftcore.protocols). Keep one per deployment: what it learns carries over.
 
         parameter        default  meaning
         max_nodes        64       most drafted candidates ever verified (at most what one verify can
                                   hold on this machine: validate.max_tree_nodes)
         smoothing        0.2      weight of a new cost measurement in its size's average
         optimism         0.05     unmeasured size's guessed cost growth per node, relative to 1 node
-        explore_every    16       steps before a neighbouring size is re-measured
+        explore_every    16       steps before a neighbouring size is re-measured; also between
+                                  windows asked for once one is dropped (LookaheadProbe)
         explore_backoff  2        factor on that interval while the choice stays the same (1: fixed);
                                   also on the interval between pause trials while the winner stays
         memory           6000     steps after which acceptance evidence has faded to 1/e (None: never)
@@ -77,8 +73,7 @@ class CostAwareBudget:
                  explore_every: int = 16, explore_backoff: int = 2, memory: float | None = 6000.0,
                  window_cost: float = 0.1, trial_every: int = 64, trial_steps: int = 16, idle_skip: int = 3,
                  idle_cost: float = 0.02, max_loss: float = 0.02):
-        # Asked of the drafter every step, and its rank table is sized by it: a tree of more nodes than
-        # one verify can hold is refused (validate.max_tree_nodes), not allocated for.
+        # more nodes than one verify can hold is refused (validate.max_tree_nodes), not allocated for
         self.max_nodes = tree_size("max_nodes", max_nodes, minimum=1)
         self.smoothing = positive_float("smoothing", smoothing)
         if self.smoothing > 1.0:
@@ -98,14 +93,13 @@ class CostAwareBudget:
         self.sizes = self._costs.sizes   # candidate-tree sizes (nodes, root included)
         self._explore = Explorer(self.explore_every, self.explore_backoff)
         self._calibration = Calibration(self.max_nodes, self.memory)
-        # The bias: on the prefix it verified or, where the corrections made it verify less, would
-        # have verified; the gamble: on the trees it verified (docs/budget.md, "Corrections").
+        # the bias: on the prefixes it verified or would have; the gamble: on the trees it verified
         self._bias = Correction(CORRECTION_MEMORY, BIAS_PRIOR, BIAS_FLOOR)
         self._gamble = Correction(CORRECTION_MEMORY, GAMBLE_PRIOR, GAMBLE_FLOOR)
         self._sees_outcomes = False   # the loop reports outcomes (speculate does; a draft model does not)
         self._trials = PauseTrials(self.trial_every, self.trial_steps, self.explore_backoff)
         self._skipping = IdleSkipping(self.idle_skip, self.idle_cost)
-        self._windows = Windows(self.window_cost, self.trial_every, self.explore_backoff)
+        self._windows = Windows(self.window_cost, self.explore_every, self.trial_every, self.explore_backoff)
         self._aftermath = Aftermath()
         self._guard = FloorGuard(self.max_loss)
         self._next_n_past = -1   # the context the next step of the same sequence starts from
@@ -113,15 +107,12 @@ class CostAwareBudget:
 
     @property
     def _costs(self):
-        """The cost table of the context the current step runs at."""
         return self._contexts.current
 
     # -- the policy ---------------------------------------------------------------------------
     def at_context(self, n_past: int) -> None:
-        """The next step verifies after `n_past` cached tokens: its costs are those of that
-        context's bucket (draftcore.budget.contexts)."""
-        # every step: a plain type test, not the validators (a bad count would file costs under a
-        # wrong context for the rest of the budget's life)
+        """The next step verifies after `n_past` cached tokens (its costs: that context's bucket)."""
+        # every step: a plain type test, not the validators; a bad count would misfile costs for good
         if not isinstance(n_past, (int, np.integer)) or isinstance(n_past, bool) or n_past < 0:
             raise InputError(f"n_past: expected the number of cached tokens, an int >= 0, got {n_past!r}")
         if n_past != self._next_n_past:   # another sequence: nothing of the last one follows its last step
@@ -138,11 +129,8 @@ class CostAwareBudget:
         return self.max_nodes if drafting else 0
 
     def _affords_a_tree(self) -> bool:
-        """Whether the floor guard affords a drafted tree of any size the budget may reach this
-        step. Where it does not, `choose` could only verify the root, so the drafter is not asked:
-        on llama.cpp CPU, where a second node costs about a root-only step, a request that lost one
-        tree waits ~50 tokens to afford the next, and asking at each of them cost ~0.4 ms of a
-        15-20 ms step (docs/budget.md, "The floor per request")."""
+        """Whether the floor guard affords any reachable drafted tree; where not, the drafter is not
+        asked (on llama.cpp CPU asking cost ~0.4 ms of a 15-20 ms step: "The floor per request")."""
         if not self._costs.root_measured(0):
             return True
         estimates = self._costs.estimated(0)
@@ -159,11 +147,8 @@ class CostAwareBudget:
             return self._skipping.after_choice(0, False)
         if not self._costs.root_measured(tree.n_lookahead):
             return 0  # first measure what a step without candidates costs
-        # One kernel (kernels.menu_values): each menu size's expected tokens per second, the
-        # tree's window priced in. A proposal whose best draft is worth less than half of no draft
-        # (HOPELESS) says the drafter has nothing here: the next step verifies the root without
-        # asking it. A tree the request cannot afford (FloorGuard) is not verified, priced against
-        # the same step without candidates (a window is kept or dropped by its own rule, window_cost).
+        # One kernel: each menu size's expected tokens per second, its window priced in, 0 where the
+        # floor guard does not afford it; `hopeless` skips asking the drafter next step (idle.py).
         value, best, hopeless = self._kernels.menu_values(
             self._calibration.probabilities(tree, n_draft + 1), tree.parents, n_draft + 1, self.sizes,
             self._costs.menu_entries(n_draft + 1), self._costs.estimated(tree.n_lookahead),
@@ -176,8 +161,7 @@ class CostAwareBudget:
         return self._windows.keep(self._costs, tree.n_lookahead, n_draft, self._step, self._guard, self._aftermath)
 
     def wants_lookahead(self) -> bool:
-        """Whether to build a lookahead window this step (`LookaheadProbe`: always while windows are
-        kept or none was judged; once one is dropped, every 16th step)."""
+        """Whether to build a lookahead window this step (`LookaheadProbe`)."""
         return self._windows.wants()
 
     def observe(self, tree: DraftTree, path: np.ndarray, seconds: float) -> None:
@@ -190,11 +174,9 @@ class CostAwareBudget:
         if tree.n_candidates == 1 and not tree.n_lookahead and self._aftermath.pending is None:
             self._skipping.learn_root_seconds(seconds)   # a root-only step after another: no aftermath in it
         # The arms compare tokens per root-only step at the step's own context, not per second: a
-        # request's steps grow dearer as its context grows, and a pause trial late in a long
-        # request must not lose to drafting steps measured early in it, or win against them.
+        # pause trial late in a long request must not lose to drafting steps measured early in it.
+        # A clock that never advanced prices nothing: each step counts as one root-only step.
         unit = self._contexts.unit()
-        # a clock that never advanced (or one too coarse to see a root-only step) prices nothing:
-        # each step then counts as one root-only step
         drafting = self._trials.end_step(self._step, path.shape[0], seconds / unit if unit > 0 else 1.0)
         # a window's first step or trial is charged whole by the window part, against its price at the worst
         if not self._windows.charge(tree, path, seconds, self._guard) and \
@@ -202,8 +184,7 @@ class CostAwareBudget:
             self._guard.learn(path.shape[0], seconds / without_candidates,
                               self._costs.cost(tree.n_candidates, tree.n_lookahead) / without_candidates
                               if tree.n_candidates > 1 else None)
-        # A paused step teaches no cost of its own (nothing drafted), but shows what the drafted step
-        # before it left behind (aftermath.py).
+        # a paused step teaches no cost of its own, but shows what the drafted step before it left
         self._learn_costs(self._aftermath.settle(self._costs, tree.n_candidates, tree.n_lookahead, seconds,
                                                  teaches=drafting))
         if not drafting:
@@ -211,9 +192,8 @@ class CostAwareBudget:
         self._costs.tried(tree.n_candidates)
         accepted = path.shape[0] - 1.0
         if tree.n_draft and self._sees_outcomes:
-            # The verified prefix's uncorrected expectation, before it is learnt from. Only where the
-            # loop reports outcomes: a correction learnt from verified trees alone could fall and
-            # then never see the trees it stopped verifying come true.
+            # Only where the loop reports outcomes: learnt from verified trees alone, a correction
+            # could fall and never see the trees it stopped verifying come true.
             expected = float(self._calibration.expected_accepted(tree, tree.n_candidates)[-1])
             self._gamble.learn(expected * self.bias(), accepted)
             self._bias.learn(expected, accepted)
@@ -226,10 +206,8 @@ class CostAwareBudget:
 
     def observe_outcomes(self, tree: DraftTree, verified: int, outcome: np.ndarray) -> None:
         """What the emitted tokens showed of a whole proposal (draftcore.outcomes): `outcome` per
-        node of `tree` (root and candidates), 1 would have been accepted, 0 not, -1 unknown. The
-        candidates after the first `verified` (not seen by `observe`) join the calibration; the
-        prefix `choose` would pick without the bias correction, where longer than what was verified,
-        measures the bias (a verified prefix measured it in `observe`, without waiting)."""
+        node, 1 accepted, 0 not, -1 unknown. The unverified candidates join the calibration, and the
+        prefix `choose` would pick uncorrected, where longer than what was verified, teaches the bias."""
         self._sees_outcomes = True
         if tree.n_candidates <= 1:
             return
@@ -242,46 +220,35 @@ class CostAwareBudget:
     # -- what it has learnt (also for reports) -------------------------------------------------
     @property
     def drafting_pays(self) -> bool:
-        """Whether drafting is the better arm now (False: steps verify the root alone, drafting
-        only in trials)."""
+        """Whether drafting is the better arm now (False: it drafts only in trials)."""
         return self._trials.drafting_pays()
 
     def arm_rates(self) -> tuple[float, float]:
-        """Recent tokens per root-only step's time of the (draft, pause) arms, each step's time
-        counted in root-only steps at its own context; NaN for an arm never run."""
+        """Recent tokens per root-only step of the (draft, pause) arms; NaN for an arm never run."""
         return self._trials.rates()
 
     def costs_by_context(self) -> dict[str, list[float]]:
-        """Measured seconds per menu size (`sizes`; NaN: never measured), without windows, per
-        context bucket ("0-255", "256-511", ...; for reports)."""
+        """Measured seconds per menu size (NaN: never), without windows, per context bucket."""
         return self._contexts.by_bucket()
 
     def asking_costs(self) -> bool:
-        """Whether a root-only step that asked the drafter took over `idle_cost` more than one that
-        did not; False until both are measured (steps that did not ask come from pausing, its
-        trials and hopeless proposals)."""
+        """Whether asking the drafter costs over `idle_cost` of a root-only step (idle.py)."""
         return self._skipping.asking_costs()
 
     def bias(self) -> float:
-        """What the calibration's expectation is worth on the trees it verifies or would verify:
-        recent accepted over expected (uncorrected) tokens of the prefix it verified (`observe`) or,
-        where the correction made it verify less, would have verified (`observe_outcomes`); in
-        [0.25, 1]. 1 for a caller that reports no outcomes."""
+        """Recent accepted over expected tokens of the prefixes it verified or would have, in
+        [BIAS_FLOOR, 1]; 1 for a caller that reports no outcomes (corrections.py)."""
         return self._bias.value()
 
     def gamble_correction(self) -> float:
-        """What the bias-corrected expectation is worth on the trees it verifies: recent accepted
-        over expected tokens of its verified trees, in [0.6, 1]; 1 for a caller that reports no
-        outcomes. Learnt from verified trees only, it could stop the budget verifying; the floor
-        keeps a tree worth 1 / 0.6 of its estimate verified, and its outcome teaches the correction
-        again."""
+        """Recent accepted over bias-corrected expected tokens of the trees it verified, in
+        [GAMBLE_FLOOR, 1]; 1 for a caller that reports no outcomes (corrections.py)."""
         return self._gamble.value()
 
     def cost(self, n_nodes, n_lookahead: int = 0) -> np.ndarray:
-        """Estimated seconds of a step that verifies `n_nodes` candidate nodes (array-like, root
-        included) plus `n_lookahead` lookahead nodes, interpolated between menu sizes."""
+        """Estimated seconds of a step (CostTable.cost)."""
         return self._costs.cost(n_nodes, n_lookahead)
 
     def acceptance_by_score(self) -> np.ndarray:
-        """Calibrated acceptance probability per score bin (rows) and rank bucket (for reports)."""
+        """Calibrated acceptance per score bin (rows) and rank bucket (for reports)."""
         return self._calibration.accepted / self._calibration.offered

@@ -1,9 +1,6 @@
-"""Now and then verify a neighbouring menu size instead of the best one.
-
-Without it one slow measurement (a page fault, another process) would stick to a size forever, and
-a better size next to the choice would never be found. Each exploration of a size that turns out
-worse costs a step's worth of the difference, so while the choice stays the same the explorations
-grow rarer.
+"""Now and then verify a neighbouring menu size instead of the best one, so that one slow
+measurement does not stick to a size and a better neighbour is found; rarer while the choice stays
+(docs/budget.md, "Exploration").
 """
 from __future__ import annotations
 
@@ -25,15 +22,13 @@ class Explorer:
         self.last_best = -1
 
     def pick(self, step: int, best: int, value: np.ndarray) -> int:
-        """The entry to verify at `step`, given the `best` entry of `value` (tokens per second per
-        menu entry)."""
+        """The entry to verify at `step`, given the `best` entry of `value` (tokens per second)."""
         if best != self.last_best:
             self.last_best, self.period = best, self.every
         if step < self.next_step:
             return best
-        # Local, so the exploration itself stays cheap where big trees are expensive; and never a
-        # size worth less than HOPELESS of the choice, which no re-measured cost would make the
-        # better one (on a CPU that re-measured a 2-token step costing twice a 1-token one).
+        # a neighbour, so it stays cheap; never one worth under HOPELESS of the best, which no
+        # re-measured cost would make the better one
         near = best + (1 if self.n_explored % 2 == 0 else -1)
         self.n_explored += 1
         self.next_step = step + self.period

@@ -1,13 +1,7 @@
-"""Skipping the drafter while it has nothing to offer, where asking it costs.
-
-Drafting is not free where a step is a few milliseconds: the proposal, the choice and the outcome
-bookkeeping are a few percent of a llama.cpp step on a CPU, where the budget may choose no draft on
-most steps. So proposals that draft nothing in a row skip the next ones: after the k-th, the next
-min(k - 1, `idle_skip`) steps ask for none; and a hopeless proposal (its best draft worth less than
-half of no draft) skips the next one. Skipping goes on only while asking is measured to cost more
-than `idle_cost` of a step, since each skipped step may miss the first tokens of a burst: what
-asking costs is the seconds of root-only steps that asked the drafter against those that did not
-(paused or skipped: pausing's trials and hopeless proposals give the latter).
+"""Skipping the drafter while it has nothing to offer, where asking it costs (docs/budget.md,
+"Skipping a drafter with nothing to offer"): after the k-th proposal in a row that drafted nothing,
+the next min(k - 1, `idle_skip`) steps ask for none, while root-only steps that asked are measured
+to cost over `idle_cost` more than those that did not; a hopeless proposal skips one step.
 
     skipping = IdleSkipping(idle_skip=3, idle_cost=0.02)
     skipping.asked = False                    # a step begins
@@ -42,9 +36,7 @@ class IdleSkipping:
         return False
 
     def after_choice(self, k: int, hopeless: bool) -> int:
-        """Return the choice `k`, having set how many next steps ask the drafter for nothing: a
-        proposal that drafts nothing, the k-th in a row, skips min(k - 1, idle_skip) of them (a
-        hopeless one at least 1); one that drafts skips none."""
+        """Return the choice `k`, having set how many next steps ask the drafter for nothing."""
         if k:
             self.idle = self.skip_left = 0
         else:
@@ -54,8 +46,7 @@ class IdleSkipping:
         return k
 
     def asking_costs(self) -> bool:
-        """Whether a root-only step that asked the drafter took over `idle_cost` more than one that
-        did not; False until both are measured."""
+        """Whether asking took over `idle_cost` more than not asking; False until both are measured."""
         asked, unasked = self.root_seconds
         return bool(asked - unasked > self.idle_cost * unasked)   # NaN compares False
 

@@ -6,12 +6,9 @@ import numpy as np
 
 @nb.njit(cache=True)
 def expected_accepted(p, parents, n):
-    """float64[n]: [k] the expected number of accepted candidates when the first k candidates of a
-    tree are verified (k = 0 .. n-1), from each candidate's calibrated acceptance p[i] (p[0], the
-    root, unused) made consistent with the tree: a node is accepted only if its parent is, and at
-    most one child of a node is, so the children of a node share at most its own probability
-    (scaled down together where their calibrated sum exceeds it). Calibration counts cells (score,
-    rank), not trees: two siblings each calibrated at 0.8 would otherwise count 1.6 tokens."""
+    """float64[n]: [k] the expected accepted candidates of a tree's first k, from each candidate's
+    calibrated acceptance p[i] made consistent with the tree: the children of a node share at most
+    its own probability (two siblings calibrated at 0.8 do not make 1.6 tokens)."""
     out = np.zeros(n)
     child_sum = np.zeros(n)
     q = np.zeros(n)
@@ -46,15 +43,9 @@ def affordable(step_units, slack, max_loss):
 
 @nb.njit(cache=True, error_model="numpy")   # a clock that never advanced gives 0 s: inf or NaN, as numpy's
 def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_loss, hopeless_share):
-    """CostAwareBudget.choose's arithmetic in one call: (float64[n_menu] tokens per second of each
-    menu entry, 0 where the floor guard does not afford it; the best entry, the first of equals;
-    whether the proposal is hopeless). `p`: the calibrated acceptance of the tree's first n nodes;
-    each entry's value is (1 + correction * expected accepted of its sizes[j] - 1 candidates) /
-    estimates[j]; hopeless: no drafted entry is worth `hopeless_share` of the root-only one, before
-    the guard. The guard (`affords`, FloorGuard's cut) keeps an entry whose cost in root-only steps,
-    less 1 + max_loss, is at most `slack`, and always the root; it prices nothing where estimates[0]
-    is not > 0. The same arithmetic, in the same order, as the numpy expressions it replaces; NaN as
-    numpy's max and argmax see it."""
+    """CostAwareBudget.choose's arithmetic: (tokens per second per menu entry, (1 + correction *
+    expected accepted) / estimate, 0 where `affords` refuses it; the best entry, the first of equals
+    and NaN as numpy's argmax sees it; whether no drafted entry is worth `hopeless_share` of the root)."""
     expected = expected_accepted(p, parents, n)
     value = np.empty(n_menu)
     for j in range(n_menu):
@@ -84,12 +75,9 @@ def menu_values(p, parents, n, sizes, n_menu, estimates, correction, slack, max_
 
 @nb.njit(cache=True, error_model="numpy")   # a clock that never advanced gives 0 s: inf, as numpy's
 def learn_outcomes(offered, accepted, probability, cells, outcome, verified, parents, n, sizes, seconds):
-    """CostAwareBudget.observe_outcomes in one call. Counts the known outcomes of candidates
-    verified+1 .. n-1 into their calibration cells (offered, accepted and probability: flat views,
-    updated in place), then finds the prefix the budget would pick uncorrected (the menu size with
-    the best (1 + expected accepted) / seconds; sizes empty: none) and returns (its expected
-    accepted tokens, its accepted tokens), or (-1, 0) where it is no longer than what was verified
-    or an outcome in it is unknown."""
+    """Calibration.learn_outcomes: counts the known outcomes of candidates verified+1 .. n-1 into
+    their cells (flat views, in place); returns (expected, accepted) tokens of the prefix the
+    calibration alone picks, or (-1, 0) where it is no longer than `verified` or not fully known."""
     for i in range(verified + 1, n):
         if outcome[i] >= 0:
             cell = cells[i]
@@ -123,12 +111,8 @@ def learn_outcomes(offered, accepted, probability, cells, outcome, verified, par
 
 @nb.njit(cache=True)
 def measured_growth(known, sizes):
-    """The guess CostTable._guess makes from measured growth (draftcore.budget.costs, which says why): per menu
-    entry, a guess from the cost growth measured around it, NaN where none is. known: float64[n]
-    seconds per menu size, NaN where never measured; sizes: int64[n] the menu. Entries below the
-    first measured size, and every entry while fewer than two are measured, are NaN. It runs on
-    every drafting step (a root-only step's cost changes the guesses): a dozen numpy calls cost
-    ~0.1 ms of a llama.cpp CPU step."""
+    """Per menu entry, the cost guessed from the growth measured around it at half its slope (NaN
+    below the first measured size, or while fewer than two are); `known`: NaN where never measured."""
     n = known.shape[0]
     guess = np.full(n, np.nan)
     measured = np.empty(n, np.int64)
@@ -159,10 +143,8 @@ def measured_growth(known, sizes):
 
 @nb.njit(cache=True)
 def guessed_costs(known, sizes, base, optimism):
-    """CostTable._guess without a window or a prior, in one call: `known` (NaN: never measured)
-    with each NaN entry guessed from the growth measured around it (`measured_growth`), else
-    optimistically: `base` growing by `optimism` per node beyond a root-only tree
-    (CostTable._optimistic_base)."""
+    """CostTable._guess without a window or a prior: each NaN of `known` from `measured_growth`,
+    else `base` growing by `optimism` per node."""
     growth = measured_growth(known, sizes)
     out = known.copy()
     for e in range(known.shape[0]):
@@ -176,9 +158,7 @@ def guessed_costs(known, sizes, base, optimism):
 
 @nb.njit(cache=True)
 def fade_counts(offered, accepted, prior_offered, prior_accepted, keep, probability):
-    """Calibration.learn_verified's fade, in place and in one call: every cell's counts move towards
-    the prior (count = prior + keep * (count - prior)) and `probability` (flat) is refreshed; the
-    same arithmetic, in the same order, as the numpy expressions it replaces, on every drafting step."""
+    """Calibration's fade, in place: count = prior + keep * (count - prior), `probability` refreshed."""
     n_bins, n_ranks = offered.shape
     for b in range(n_bins):
         for k in range(n_ranks):
@@ -190,11 +170,8 @@ def fade_counts(offered, accepted, prior_offered, prior_accepted, keep, probabil
 
 @nb.njit(cache=True)
 def calibration_cells(scores, depths, m, n_bins, rank_bucket, n_ranks):
-    """int64[m]: the calibration cell (score bin * n_ranks + rank bucket) of a tree's first m nodes,
-    as Calibration.cells computes it from DraftTree.score_bins, in one call: a score's bin is
-    int(score * n_bins) clamped to [0, n_bins - 1], the product taken in the scores' own precision
-    (float32, as numpy multiplies them) so that every bin edge falls where it does there; a tree
-    without scores (`scores` empty) has 0.5 ** depth, in float64."""
+    """int64[m]: the cell of a tree's first m nodes as DraftTree.score_bins bins them (the product in
+    the scores' own precision, so bin edges fall where numpy's do; no scores: 0.5 ** depth)."""
     out = np.empty(m, np.int64)
     n_bins_f32 = np.float32(n_bins)
     for i in range(m):

@@ -1,17 +1,13 @@
 """Whether a lookahead window (a Jacobi window) rides along with a step's candidates: one part, its
-probe, its experiments and their charge.
+probe, its experiments and their charge (docs/budget.md, "Lookahead windows").
 
-Window nodes are never accepted: what they buy is future candidates (a Jacobi pool), worth a small
-price where a verify is nearly free (a GPU) and not a doubled step (a CPU). So a window is kept
-while it adds at most `window_cost` to a step's cost, and once one is dropped a drafter that can
-leave its window out is asked for one only now and then (`LookaheadProbe`). A dropped window rides
-anyway now and then, further apart each time (`LookaheadProbe.trial`), so that its cost is measured
-again: nothing else re-measures a window that never rides, and one stalled window step would price
-windows out for good. A window's first step and its trials are experiments: they run only where the
-request's floor affords them at their worst (`Windows.at_worst`), and are charged to it whole
-(`Windows.charge`).
+Window nodes are never accepted: they buy future candidates, worth a small price where a verify is
+nearly free (a GPU), not a doubled step (a CPU). So a window rides while it adds at most
+`window_cost` to a step; once one is dropped, one is asked for only now and then (`LookaheadProbe`),
+and rides anyway at backed-off trials so its cost is measured again. A window's first step and its
+trials are experiments, run only where the request's floor affords them at their worst.
 
-    windows = Windows(window_cost=0.1, trial_every=64, backoff=2)
+    windows = Windows(window_cost=0.1, every=16, trial_every=64, backoff=2)
     windows.wants()                                         # before proposing: build a window?
     windows.keep(costs, n_lookahead, n_draft, step, guard, aftermath)   # does this one ride?
     windows.charge(tree, path, seconds, guard)              # after the step: True if charged as an experiment
@@ -21,14 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..validate import positive_int
-from .constants import PROBE_EVERY
 from .costs import CostTable
 
 
 def window_pays(costs: CostTable, n_lookahead: int, n_draft: int, window_cost: float) -> bool:
-    """Whether `n_lookahead` window nodes add at most `window_cost` to the cost of a step that
-    verifies `n_draft` candidates: measured, or guessed from the overhead measured at other sizes
-    (never measured: none, so the window gets tried; CostTable._with_window)."""
+    """Whether `n_lookahead` window nodes add at most `window_cost` to a step of `n_draft`
+    candidates, as the cost table prices it (CostTable._with_window)."""
     nodes = np.array([n_draft + 1])
     with_window = float(costs.cost(nodes, n_lookahead)[0])
     without = float(costs.cost(nodes, 0)[0])
@@ -36,10 +30,10 @@ def window_pays(costs: CostTable, n_lookahead: int, n_draft: int, window_cost: f
 
 
 class LookaheadProbe:
-    """Whether a drafter should build its lookahead window this step, from what the policy last
-    decided about one: every step while windows are kept (or none was offered yet); once one is
-    dropped, only every `every`-th step, so a window that would pay again is noticed without
-    building one every step only to drop it.
+    """Whether a drafter should build its lookahead window this step: every step while windows are
+    kept (or none was judged); once one is dropped, every `every`-th step. The auto budget's probe
+    takes its explore_every, trial_every and explore_backoff (the defaults are theirs): a dropped
+    window is looked at again as often as a neighbouring size is.
 
         probe = LookaheadProbe()
         probe.wants()                # before proposing: build a window?
@@ -47,7 +41,7 @@ class LookaheadProbe:
         probe.decided(kept, step)    # the policy's keep_lookahead verdict on one; returns `kept`
     """
 
-    def __init__(self, every: int = PROBE_EVERY, trial_every: int = 64, backoff: int = 2):
+    def __init__(self, every: int = 16, trial_every: int = 64, backoff: int = 2):
         self.every = positive_int("every", every)
         self.trial_every = positive_int("trial_every", trial_every)
         self.backoff = positive_int("backoff", backoff)
@@ -75,11 +69,8 @@ class LookaheadProbe:
         return bool(kept)
 
     def trial(self, step: int) -> bool:
-        """Whether a window the costs would drop rides anyway at `step`, its cost measured afresh
-        (CostTable.remeasure): `trial_every` steps after the first drop, then `backoff` times as
-        long after each trial, until a window is kept again (and only where the request's floor
-        affords it: CostAwareBudget._window_at_worst). On a CPU, where a window nearly doubles a
-        step, that is 4 dear steps in a session's first 1,000, and ever fewer."""
+        """Whether a window the costs would drop rides anyway at `step`, to be re-measured:
+        `trial_every` steps after the first drop, then `backoff` times as long after each trial."""
         if self._next_trial is None or step < self._next_trial:
             return False
         self._gap *= self.backoff
@@ -91,20 +82,17 @@ class LookaheadProbe:
 class Windows:
     """The window decision: `window_cost`, the probe and its trials, and the experiment in flight."""
 
-    def __init__(self, window_cost: float, trial_every: int, backoff: int):
+    def __init__(self, window_cost: float, every: int, trial_every: int, backoff: int):
         self.window_cost = window_cost
-        self.probe = LookaheadProbe(trial_every=trial_every, backoff=backoff)
+        self.probe = LookaheadProbe(every, trial_every, backoff)
         self._experiment = None   # (its price at the worst in root-only steps, a root-only step's seconds)
 
     def wants(self) -> bool:
         return self.probe.wants()
 
     def keep(self, costs: CostTable, n_lookahead: int, n_draft: int, step: int, guard, aftermath) -> bool:
-        """Keep the window while its measured extra cost is at most `window_cost` of the same step
-        without it. A window never measured rides once to be measured, and one dropped rides now
-        and then anyway, to be measured again (`LookaheadProbe.trial`); both only where the
-        request's floor (`guard`) affords the window at its worst (`at_worst`), and are charged to
-        it whole (`charge`)."""
+        """Keep the window while it pays (`window_pays`); a window never measured, or a dropped
+        one's trial, rides as an experiment where the floor (`guard`) affords it at its worst."""
         if self.window_cost == float("inf"):
             return True
         if not costs.prices_windowless():
@@ -119,19 +107,16 @@ class Windows:
                 return True
             return self.probe.decided(False, step)
         if aftermath.holds(costs, n_lookahead):
-            return False   # its first step's cost is learnt with this one's (aftermath.py): no second experiment
+            return False   # its first step's cost is not learnt yet (aftermath.py): no second experiment
         self._experiment = worst = self.at_worst(costs, n_lookahead, n_draft, guard)
         return self.probe.decided(worst is not None, step)
 
     @staticmethod
     def at_worst(costs: CostTable, n_lookahead: int, n_draft: int, guard) -> tuple[float, float] | None:
-        """(the step's cost at its worst in root-only steps, a root-only step's seconds) for a
-        window step that is an experiment (a window never measured, or a trial of one dropped),
-        where the request's slack (FloorGuard) affords it beside the tree's own worst case; None
-        where it does not. The window is priced as `n_lookahead` more candidates where the table
-        measured a tree that big, else at a root-only step a node, the dearest measured (llama.cpp
-        CPU's second node): a window's first step there cost 5-8 root-only steps, and the early
-        guesses say a tenth of that."""
+        """(the experiment's cost at its worst in root-only steps, a root-only step's seconds), or
+        None where the request's slack does not afford it beside the tree's worst case. The window
+        is priced as as many more candidates where that size was measured, else a root-only step a
+        node (llama.cpp CPU's second node, the dearest measured)."""
         root = costs.root_estimate(0)
         if not root > 0:   # a clock that never advanced prices nothing: afforded, charged nothing
             return float(n_draft + 1 + n_lookahead), 0.0
@@ -144,9 +129,8 @@ class Windows:
         return float(with_window), root
 
     def charge(self, tree, path: np.ndarray, seconds: float, guard) -> bool:
-        """A step ended: where it was a window experiment (a window's first step or trial), charge
-        it to the floor whole, against its price at the worst, and return True; else False (the
-        step is charged as any other)."""
+        """A step ended: where it was a window experiment, charge it to the floor whole and return
+        True; else False (it is charged as any other step)."""
         experiment, self._experiment = self._experiment, None
         if experiment is None or not tree.n_lookahead:
             return False

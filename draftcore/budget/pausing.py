@@ -1,12 +1,9 @@
-"""Whether drafting pays at all: two arms, tried against each other.
+"""Whether drafting pays at all: the "draft" and "pause" arms, tried against each other
+(docs/budget.md, "Pausing").
 
-Choosing "no draft" for a step still pays for drafting it (the drafter's proposal, the choice), a
-few percent of a step where the verify itself is cheap (llama.cpp on a CPU). So the budget keeps
-two arms, "draft" (ask the drafter, choose, verify) and "pause" (verify the root alone without
-asking the drafter), each with its tokens per second over its recent steps. The better arm runs;
-the other is tried now and then. Paused steps teach no cost and no acceptance (nothing was
-drafted); the drafter still sees every accepted token through `update`, so it is ready when a trial
-finds drafting paying again.
+Choosing "no draft" still pays for the proposal and the choice, a few percent of a cheap step. So
+the better arm by recent tokens per root-only step runs, and the other is tried now and then.
+Paused steps teach no cost and no acceptance; the drafter still sees every token through `update`.
 
     trials = PauseTrials(every=64, steps=16, backoff=2)   # fresh=True: an arm on trial is judged by its trial alone;
                                                         # first_trial, clear_win: pause sooner (the vLLM floor)
@@ -25,27 +22,19 @@ DRAFT, PAUSE = 0, 1     # arms
 
 
 class PauseTrials:
-    """The arm each step runs. The winner runs; the other arm is tried every `every` steps, that
-    interval growing by `backoff` (up to MAX_BACKOFF x) while the winner stays the same. A trial of drafting
-    lasts `steps` steps (0: never pause), since what drafting gains comes in bursts (a repeated span,
-    then nothing). The first trial comes after `every` drafting steps, and the first half of those,
-    spent learning sizes and acceptance, does not count as drafting's worth.
+    """The arm each step runs. The other arm is tried every `every` steps, the interval growing by
+    `backoff` (up to MAX_BACKOFF x) while the winner stays; a trial of drafting lasts `steps` steps
+    (0: never pause), a trial of pausing PAUSE_TRIAL. The steps before half of `first_trial`
+    (default `every`) learn sizes and acceptance and do not count.
 
-    With `fresh`, an arm on trial is judged by its trial's steps alone, not by a record that also
-    holds its steps from hundreds of steps ago: where what drafting is worth changes under the arms
-    (a server's traffic, the vLLM proposer's floor), a memory of 256 steps renewed 16 steps a trial
-    would take 16 trials to see drafting pay again.
-
-    `first_trial` (default `every`) is the step of the first trial, the steps before its half not
-    counting. With `clear_win` (a ratio, default none), pausing that beats drafting by that much
-    takes over at once rather than after a second trial: a drafter losing by far (a cost guessed for
-    another machine) then costs a fresh pair of arms first_trial + PAUSE_TRIAL steps, not 2 * every."""
+    For the vLLM floor: with `fresh`, an arm on trial is judged by its trial alone (what drafting is
+    worth changes under the arms there); with `clear_win` (a ratio), pausing that wins by that much
+    takes over after one trial, not two."""
 
     def __init__(self, every: int, steps: int, backoff: int, fresh: bool = False,
                  first_trial: int | None = None, clear_win: float | None = None):
         self.every, self.steps, self.backoff, self.fresh = every, steps, backoff, fresh
-        # every, steps and backoff come validated from CostAwareBudget's settings; these two are set
-        # by the vLLM floor's constants today, checked here so a bad one cannot pass silently later
+        # every, steps and backoff come validated from CostAwareBudget's settings
         self.first_trial = every if first_trial is None else positive_int("first_trial", first_trial)
         # a win by less than 1x is no win: such a clear_win would pause a drafter that pays
         self.clear_win = None if clear_win is None else positive_float("clear_win", clear_win, minimum=1.0)
@@ -98,8 +87,7 @@ class PauseTrials:
         self.trial_left -= 1
         if self.trial_left:
             return
-        # A trial ended: pausing wins by a margin, and takes over only after winning two trials running
-        # (or one, by clear_win).
+        # A trial ended: pausing wins by PAUSE_MARGIN, and takes over after two wins running (or one, by clear_win).
         draft_rate = self.tokens[0] / self.time[0] if self.time[0] > 0 else 0.0
         pause_rate = self.tokens[1] / self.time[1] if self.steps_run[1] else 0.0
         pause_wins = pause_rate > (1.0 + PAUSE_MARGIN) * draft_rate
@@ -109,11 +97,8 @@ class PauseTrials:
         if winner != self.winner:
             self.winner, self.period = winner, self.every
         elif pause_wins and self.winner == DRAFT and self.steps_run[DRAFT] >= SETTLED_TRIALS * self.every:
-            # Pausing won once against a drafting record long enough to judge: confirm it soon.
-            # Backing off here let one burst of accepted drafts just before a confirming trial keep
-            # a losing arm for hundreds of steps. A first trial that drafting loses while it still
-            # learns sizes and acceptance is confirmed only after the backed-off interval: confirming
-            # it soon paused a drafter that pays.
+            # Pausing won once against a drafting record long enough to judge: confirm it soon (backed
+            # off, one burst before the confirming trial kept a losing arm for hundreds of steps).
             self.period = self.every
         else:
             self.period = min(self.period * self.backoff, MAX_BACKOFF * self.every)

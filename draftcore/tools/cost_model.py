@@ -22,6 +22,9 @@ Built-in tables, milliseconds per forward by nodes in it (the root included):
                   (benchmarks/llamacpp_decode_ms.py's verify plus ~0.6 ms of loop, as the auto
                   budget measured it); a 2-token forward costs twice a 1-token one
     llamacpp-cpu-old  the table of every replay before that (an older llama.cpp build)
+    onnx-cpu      OrtVerifier, SmolLM2-135M fp32, draftcore's tree export, onnxruntime's CPU EP on the
+                  AVX-512 EPYC: verify + commit of the root after a 200-token prefill
+                  (benchmarks/onnx_verify_cost.py, 2026-12-06); 16 nodes cost 1.6 one-node steps
     hf-cuda-h200  HFVerifier, SmolLM2-135M fp32, transformers 5.17, torch 2.11 (CUDA 13), one NVIDIA
                   H200 (benchmarks/gpu_check.py, 2026-11-27): 64 nodes cost what one does (a forward
                   there waits on Python, not on the GPU); the medians of 4 and 8 nodes came out ~50 %
@@ -44,6 +47,7 @@ COST_TABLES: dict[str, dict[int, float]] = {
     "hf-cpu-avx512": {1: 49.8, 2: 49.8, 4: 64.0, 8: 52.0, 16: 67.1, 32: 93.2, 64: 153.3},
     "llamacpp-cpu": {1: 5.4, 2: 11.2, 3: 15.7, 4: 16.6, 8: 25.8, 16: 43.0, 32: 79.0},
     "llamacpp-cpu-old": {1: 7.2, 2: 12.2, 4: 16.2, 8: 25.3, 11: 31.9, 16: 45, 32: 85, 64: 165},
+    "onnx-cpu": {1: 18.32, 2: 20.3, 4: 22.1, 8: 24.91, 16: 29.62, 32: 39.98, 64: 60.33},
     "hf-cuda-h200": {1: 19.98, 2: 18.76, 4: 29.58, 8: 31.79, 16: 19.60, 32: 20.31, 64: 19.83},
     "gpu-flat": {1: 10, 64: 11, 128: 13},
 }

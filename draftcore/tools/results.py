@@ -57,6 +57,7 @@ DEFAULT_BACKENDS = {
     "model-outputs-value": "hf", "llamacpp-kv-exactness": "llamacpp", "llamacpp-decode-ms": "llamacpp",
     "llamacpp-q41-divergence": "llamacpp", "shared-trie-threads": "tiny-llama", "vllm-proposer": "vllm",
     "vllm-step-cost": "vllm", "serving": "llamacpp", "llamacpp-prompt-cost": "llamacpp", "window-rules": "hf",
+    "onnx-verify-cost": "onnx",
 }
 # The options that name the backends a run measured, each with the backend a word of its value names
 # where the word is not a backend's own name: gpu_check's sections are its backends, and serving's
