@@ -312,12 +312,15 @@ def _llamacpp_measure(args) -> dict:
 
 # ---------------------------------------------------------------- measuring
 
-def verify_cost_ms(verifier, sizes, n_past: int, reps: int, seed: int = 0) -> dict:
+def verify_cost_ms(verifier, sizes, n_past: int, reps: int, seed: int = 0, with_commit: bool = False,
+                   samples: dict | None = None) -> dict:
     """{nodes: median ms of one verify of a random tree of that many nodes after ~n_past tokens}.
 
     Each sample verifies a fresh random tree, then commits the root alone (as decoding does); the
     verify returns host arrays, so the device's work is done when it returns. Sizes above the
-    verifier's own limit are left out; a verifier of chains only (max_tree_leaves 1) gets chains."""
+    verifier's own limit are left out; a verifier of chains only (max_tree_leaves 1) gets chains.
+    `with_commit`: the commit is timed too (a whole step, as the auto budget measures it);
+    `samples`: filled with {nodes: every timed sample's ms}."""
     from draftcore.tree import DraftTree
     limit = getattr(verifier, "max_tree_nodes", None) or max(sizes)
     chains_only = getattr(verifier, "max_tree_leaves", None) == 1
@@ -332,9 +335,14 @@ def verify_cost_ms(verifier, sizes, n_past: int, reps: int, seed: int = 0) -> di
             tree = DraftTree.build(rng.integers(3, verifier.vocab_size, n).astype(np.int32), parents)
             t0 = time.perf_counter()
             verifier.verify(tree)
+            if with_commit:
+                verifier.commit(np.zeros(1, np.int32))
             times.append(time.perf_counter() - t0)
-            verifier.commit(np.zeros(1, np.int32))
+            if not with_commit:
+                verifier.commit(np.zeros(1, np.int32))
         table[n] = round(float(np.median(times[2:])) * 1e3, 3)
+        if samples is not None:
+            samples[n] = [t * 1e3 for t in times[2:]]
     return table
 
 
